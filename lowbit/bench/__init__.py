@@ -1,0 +1,1 @@
+"""Benchmarks. A module here that defines ``register(subparsers)`` becomes ``lowbit bench NAME``."""

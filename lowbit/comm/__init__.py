@@ -1,0 +1,1 @@
+"""Communication: all-reduce codecs, the two-shot quantized all-reduce, size policy, tensor parallelism."""

@@ -1,0 +1,1 @@
+"""Evaluation: perplexity, zero-shot accuracy, KL divergence."""

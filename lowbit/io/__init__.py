@@ -1,0 +1,1 @@
+"""Saving and loading quantized checkpoints (safetensors + JSON), atomically."""

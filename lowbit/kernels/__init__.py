@@ -1,0 +1,1 @@
+"""Kernels: reference (PyTorch), CPU fast paths and Triton. Algorithms call these, never raw kernels."""

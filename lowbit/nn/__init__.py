@@ -1,0 +1,1 @@
+"""Quantized modules: packed linear layers and the quantized KV cache."""

@@ -1,0 +1,1 @@
+"""Quantization recipes: schemes as data, calibration, reorder, GPTQ, smoothing, clipping."""
