@@ -57,8 +57,14 @@ class QParams:
 
 
 def _safe_scale(scale: torch.Tensor, scale_dtype: torch.dtype) -> torch.Tensor:
-    """Cast to the storage dtype; an all-zero block gets scale 1 so it decodes to exact zeros."""
-    scale = scale.to(scale_dtype)
+    """Cast to the storage dtype, never shrinking the magnitude (so the grid still covers the
+    block's range); an all-zero block gets scale 1 so it decodes to exact zeros."""
+    stored = scale.to(scale_dtype)
+    shrunk = stored.float().abs() < scale.abs()
+    if bool(shrunk.any()):
+        away = torch.where(scale < 0, -torch.inf, torch.inf).to(scale_dtype)
+        stored = torch.where(shrunk, torch.nextafter(stored, away), stored)
+    scale = stored
     if not bool(torch.isfinite(scale).all()):
         raise ValueError(f"a scale overflows {scale_dtype}; the input is too large for this scale dtype")
     return torch.where(scale == 0, torch.ones_like(scale), scale)

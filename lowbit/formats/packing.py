@@ -50,7 +50,7 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
         pad = (-n) % per
         if pad:
             v = torch.nn.functional.pad(v, (0, pad))
-        v = v.reshape(*v.shape[:-1], -1, per)
+        v = v.reshape(*v.shape[:-1], v.shape[-1] // per, per)
         byte = torch.zeros(v.shape[:-1], dtype=torch.uint8, device=c.device)
         for j in range(per):
             byte |= v[..., j] << (j * w)

@@ -90,6 +90,11 @@ def load_model(name: str = "default", dtype: torch.dtype = torch.float32, device
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if Path(name).is_dir() and (Path(name) / "lowbit_config.json").is_file():
+        from lowbit.io import load_quantized  # a lowbit-quantized checkpoint (packed weights)
+
+        model, tok = load_quantized(name, device=device)
+        return model, tok
     path = resolve(name)
     if not Path(path).exists() and name not in DEFAULT_NAMES and os.sep in name:
         raise ModelNotFoundError(f"no model directory at {name}")
