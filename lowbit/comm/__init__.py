@@ -1,1 +1,11 @@
-"""Communication: all-reduce codecs, the two-shot quantized all-reduce, size policy, tensor parallelism."""
+"""Communication: all-reduce codecs, the two-shot quantized all-reduce, size policy, tensor parallelism.
+
+Public API: ``QuickAllReduce`` (lowbit.comm.allreduce), the codecs (lowbit.comm.codecs: encode,
+decode, CODECS), the size policy (lowbit.comm.policy) and the error accounting
+(lowbit.comm.accuracy).
+"""
+
+from .allreduce import QuickAllReduce, two_shot
+from .errors import AllReduceError, MetadataMismatchError
+
+__all__ = ["QuickAllReduce", "two_shot", "AllReduceError", "MetadataMismatchError"]

@@ -93,8 +93,8 @@ def choose_qparams(
         return QParams(empty, zp, bits, symmetric, full_range, granularity)
     if symmetric:
         if full_range:
-            idx = blocks.abs().argmax(dim=1, keepdim=True)
-            signed_max = blocks.gather(1, idx).squeeze(1)
+            hi, lo = blocks.amax(dim=1), blocks.amin(dim=1)
+            signed_max = torch.where(hi >= -lo, hi, lo)  # the value of largest magnitude, with its sign
             scale = signed_max * clip_ratio / qmin
         else:
             scale = blocks.abs().amax(dim=1) * clip_ratio / qmax

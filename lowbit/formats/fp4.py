@@ -24,13 +24,12 @@ SCALE_KINDS = ("fp16", "e8m0", "e4m3")
 def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
     """Round already-scaled values to E2M1 codes (uint8 in 0..15); magnitudes above 6 saturate."""
     a = v.float().abs()
-    idx = torch.zeros_like(a, dtype=torch.uint8)
-    for i, t in enumerate(_MIDPOINTS):
-        up_on_tie = (i + 1) % 2 == 0  # the upper neighbour has an even index
-        step = (a > t) | (a == t) if up_on_tie else (a > t)
-        idx += step.to(torch.uint8)
-    sign = (v < 0).to(torch.uint8) << 3
-    return sign | idx
+    mids = torch.tensor(_MIDPOINTS, device=v.device)
+    idx = torch.bucketize(a, mids)  # a tie with midpoint i gives i: rounds down
+    # ...which is right when the lower neighbour's index i is even; else round the tie up
+    tie = (idx < len(_MIDPOINTS)) & (a == mids[idx.clamp(max=len(_MIDPOINTS) - 1)]) & (idx % 2 == 1)
+    idx = (idx + tie.long()).to(torch.uint8)
+    return ((v < 0).to(torch.uint8) << 3) | idx
 
 
 def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,178 @@
+"""``lowbit bench allreduce``: plain ``dist.all_reduce`` vs QuickAllReduce per codec and message size.
+
+Launches its own gloo ranks (or runs under torchrun), prints per size the median latency of each
+method, the speedup over plain, the bus bandwidth and the SQNR against the exact float64 sum;
+writes CSV, JSON and a PNG of speedup vs message size. ``--link-gbit N`` re-runs itself inside a
+network namespace whose loopback is rate-limited to N Gbit/s (root, iproute2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ALL_CODECS = "fp,int8,int6,int4,int3,fp4"
+
+
+def parse_sizes(text: str, factor: int = 4) -> list[int]:
+    """'4K..256M' (every ``factor``-fold step) or '4K,1M,64M' -> bytes."""
+    from lowbit.comm.policy import parse_bytes
+
+    if ".." in text:
+        lo, hi = (parse_bytes(p) for p in text.split("..", 1))
+        if lo <= 0 or hi < lo:
+            raise ValueError(f"bad size range {text!r}")
+        out, s = [], lo
+        while s <= hi:
+            out.append(s)
+            s *= factor
+        return out
+    return [parse_bytes(p) for p in text.split(",") if p.strip()]
+
+
+def register(kinds) -> None:
+    p = kinds.add_parser("allreduce", help="quantized vs plain all-reduce: latency, speedup, SQNR per size")
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--codecs", default=ALL_CODECS)
+    p.add_argument("--sizes", default="4K..256M", help="bytes per rank: 'LO..HI' (x4 steps) or a comma list")
+    p.add_argument("--size-factor", type=int, default=4)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--repeats", type=int, default=5, help="timed calls per point (median), at least 5 for reports")
+    p.add_argument("--no-metadata-check", action="store_true", help="skip the cross-rank size/dtype check")
+    p.add_argument("--link-gbit", type=float, default=None, help="rate-limit the ranks' link to N Gbit/s (root)")
+    p.add_argument("--timeout", type=float, default=600.0, help="process-group timeout, seconds")
+    p.add_argument("--accuracy-elements", type=int, default=1 << 20,
+                   help="values per rank in the accuracy table (exact float64 sum, error bound); 0 skips it")
+    p.add_argument("--out", type=Path, default=Path("bench_out/allreduce"))
+    p.add_argument("--label", default="", help=argparse.SUPPRESS)
+    p.set_defaults(func=run)
+
+
+def _rerun_in_namespace(args) -> int:
+    import subprocess
+
+    from lowbit.comm.netns import NetnsError, shaped_namespace
+
+    rest = ["bench", "allreduce", "--world-size", str(args.world_size), "--codecs", args.codecs, "--sizes", args.sizes,
+            "--accuracy-elements", str(args.accuracy_elements),
+            "--size-factor", str(args.size_factor), "--dtype", args.dtype, "--repeats", str(args.repeats),
+            "--timeout", str(args.timeout), "--out", str(args.out), "--label", f"link {args.link_gbit:g} Gbit/s"]
+    if args.no_metadata_check:
+        rest.append("--no-metadata-check")
+    code = f"import sys; from lowbit.cli import main; sys.exit(main({rest!r}))"
+    try:
+        with shaped_namespace(args.link_gbit) as prefix:
+            return subprocess.run([*prefix, sys.executable, "-c", code]).returncode
+    except NetnsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def summarize(rows: list[dict], world: int) -> tuple[list[dict], dict]:
+    """Add speedup and bus bandwidth per row; crossover size per codec (speedup >= 1 from there on)."""
+    plain = {r["size_bytes"]: r["seconds"] for r in rows if r["method"] == "plain"}
+    k = 2 * (world - 1) / world
+    out = []
+    for r in rows:
+        t = r["seconds"]
+        out.append({**r, "speedup": plain[r["size_bytes"]] / t, "busbw_GBps": k * r["size_bytes"] / t / 1e9})
+    crossover = {}
+    for m in sorted({r["method"] for r in out} - {"plain"}):
+        pts = sorted((r["size_bytes"], r["speedup"]) for r in out if r["method"] == m)
+        cross = None
+        for i, (s, _) in enumerate(pts):
+            if all(sp >= 1.0 for _, sp in pts[i:]):
+                cross = s
+                break
+        crossover[m] = cross
+    return out, crossover
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .report import save_figure
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for m in sorted({r["method"] for r in rows} - {"plain"}):
+        pts = sorted((r["size_bytes"], r["speedup"]) for r in rows if r["method"] == m)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
+    ax.axhline(1.0, color="gray", lw=1, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size per rank (bytes)")
+    ax.set_ylabel("speedup over dist.all_reduce")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def run(args) -> int:
+    if args.link_gbit is not None:
+        return _rerun_in_namespace(args)
+    from rich.console import Console
+    from rich.table import Table
+
+    from lowbit.comm.codecs import get_codec
+    from lowbit.comm.launch import check_results, run_here_or_spawn, under_torchrun
+    from lowbit.comm.measure import allreduce_sweep
+
+    from .report import fmt_bytes, write_csv, write_json
+
+    codecs = [c.strip() for c in args.codecs.split(",") if c.strip()]
+    for c in codecs:
+        get_codec(c)
+    sizes = parse_sizes(args.sizes, args.size_factor)
+    if args.world_size < 2 and not under_torchrun():
+        raise SystemExit("error: --world-size must be >= 2")
+    if args.repeats < 1:
+        raise SystemExit("error: --repeats must be >= 1")
+    res = check_results(run_here_or_spawn(
+        allreduce_sweep, args.world_size, sizes, codecs, args.dtype, args.repeats, not args.no_metadata_check,
+        timeout_s=args.timeout, deadline_s=24 * 3600,
+    ))
+    rows = res[0]
+    if not rows:  # torchrun, not rank 0
+        return 0
+    import torch.distributed as dist
+
+    world = dist.get_world_size() if dist.is_initialized() else args.world_size
+    rows, crossover = summarize(rows, world)
+    label = args.label or "unshaped loopback"
+    title = f"QuickAllReduce speedup, world {world}, {args.dtype}, {label}"
+    table = Table(title=title)
+    for col in ("size", "method", "median ms", "speedup", "bus GB/s", "SQNR dB"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(fmt_bytes(r["size_bytes"]), r["method"], f"{r['seconds'] * 1e3:.3f}", f"{r['speedup']:.2f}",
+                      f"{r['busbw_GBps']:.3f}", f"{r['sqnr_db']:.1f}")
+    console = Console()
+    console.print(table)
+    for m, s in crossover.items():
+        console.print(f"crossover {m}: " + (f"{fmt_bytes(s)} and up" if s else "not reached in this range"))
+    accuracy = []
+    if args.accuracy_elements > 0:
+        from lowbit.comm.accuracy import accuracy_report
+        from lowbit.comm.measure import DTYPES
+
+        accuracy = accuracy_report(codecs, world, args.accuracy_elements, DTYPES[args.dtype])
+        acc_table = Table(title=f"accuracy vs the exact float64 sum, world {world}, {args.dtype}, "
+                                f"{args.accuracy_elements} values per rank")
+        for col in ("codec", "SQNR dB", "max |err| / bound", "max |err|"):
+            acc_table.add_column(col, justify="right")
+        for a in accuracy:
+            acc_table.add_row(a["codec"], f"{a['sqnr_db']:.1f}", f"{a['max_err_over_bound']:.3f}", f"{a['max_abs_err']:.4g}")
+        console.print(acc_table)
+    out = args.out
+    meta = {"world_size": world, "dtype": args.dtype, "link": label, "repeats": args.repeats,
+            "codecs": codecs, "sizes": sizes, "metadata_check": not args.no_metadata_check}
+    write_csv(out / "allreduce.csv", rows)
+    write_json(out / "allreduce.json", {"meta": meta, "rows": rows, "crossover_bytes": crossover, "accuracy": accuracy})
+    plot(rows, out / "allreduce_speedup.png", title)
+    console.print(f"wrote {out}/allreduce.csv, allreduce.json, allreduce_speedup.png")
+    return 0

@@ -1,0 +1,134 @@
+"""Functions that run on each rank in the distributed tests (importable by the forkserver)."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+import torch.distributed as dist
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def rank_input(rank: int, n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 1000 + rank)
+    x = torch.randn(n, generator=g) * (1 + rank)
+    x[:: max(1, n // 7)] *= 8  # a few outliers so blocks have different scales
+    return x.to(dtype)
+
+
+def reduce_cases(rank: int, world: int, cases: list[tuple]) -> tuple[list[torch.Tensor], list[str]]:
+    """Quick all-reduce of each (codec, dtype, n, seed, noncontig[, chunked]) case; results and warnings."""
+    from lowbit.comm.allreduce import QuickAllReduce
+
+    out = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for codec, dtype_name, n, seed, noncontig, *rest in cases:
+            x = rank_input(rank, n, DTYPES[dtype_name], seed)
+            chunk = {"chunk_bytes": 1} if rest and rest[0] else {}  # 1: the smallest rounds, W rows each
+            qar = QuickAllReduce(codec=codec, min_bytes=0, table={}, **chunk)
+            if noncontig:
+                buf = torch.zeros(n, 2, dtype=x.dtype)
+                buf[:, 0] = x
+                t = buf[:, 0]
+                assert not t.is_contiguous()
+                qar.all_reduce(t)
+                assert torch.equal(buf[:, 1], torch.zeros_like(buf[:, 1]))
+                out.append(t.clone())
+            else:
+                t = x.clone()
+                qar.all_reduce(t)
+                out.append(t)
+            assert qar.last_path == codec
+    return out, [str(w.message) for w in caught]
+
+
+def plain_vs_quick_small(rank: int, world: int) -> dict:
+    """Below min_bytes QuickAllReduce must be exactly dist.all_reduce."""
+    from lowbit.comm.allreduce import QuickAllReduce
+
+    x = rank_input(rank, 300, torch.float32, 5)
+    ref = x.clone()
+    dist.all_reduce(ref)
+    qar = QuickAllReduce(codec="int4", min_bytes=1 << 20, table={})
+    t = x.clone()
+    qar.all_reduce(t)
+    small_path = qar.last_path
+    big = QuickAllReduce(codec="int4", min_bytes=0, max_bytes=100, table={})
+    t2 = x.clone()
+    big.all_reduce(t2)  # 1200 bytes > max_bytes: plain too
+    os.environ["LOWBIT_QR_MIN_BYTES"] = "0"
+    env = QuickAllReduce(codec="int4", min_bytes=1 << 30, table={})
+    t3 = x.clone()
+    env.all_reduce(t3)
+    del os.environ["LOWBIT_QR_MIN_BYTES"]
+    ints = torch.arange(10, dtype=torch.int64) * (rank + 1)
+    QuickAllReduce(codec="int4", min_bytes=0, table={}).all_reduce(ints)
+    return {
+        "small_equal": torch.equal(t, ref), "small_path": small_path,
+        "max_equal": torch.equal(t2, ref), "max_path": big.last_path,
+        "env_path": env.last_path, "ints": ints.tolist(),
+    }
+
+
+def mismatched(rank: int, world: int, kind: str) -> str:
+    from lowbit.comm.allreduce import QuickAllReduce
+
+    n = 4096 + (rank if kind == "size" else 0)
+    dtype = torch.float16 if (kind == "dtype" and rank == 1) else torch.float32
+    qar = QuickAllReduce(codec="int4", min_bytes=0, table={})
+    try:
+        qar.all_reduce(torch.ones(n, dtype=dtype))
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+def dead_peer(rank: int, world: int) -> str:
+    from lowbit.comm.allreduce import QuickAllReduce
+
+    qar = QuickAllReduce(codec="int4", min_bytes=0, table={}, check_metadata=(world > 0))
+    if rank == world - 1:
+        os._exit(3)  # dies without a word
+    try:
+        qar.all_reduce(torch.ones(8192))
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+def nonfinite(rank: int, world: int, codec: str) -> torch.Tensor:
+    from lowbit.comm.allreduce import QuickAllReduce
+
+    x = rank_input(rank, 3 * 2048, torch.float32, 11)
+    if rank == 0:
+        x[100] = float("nan")
+        x[5000] = float("inf")
+    QuickAllReduce(codec=codec, min_bytes=0, table={}).all_reduce(x)
+    return x
+
+
+def fp16_overflow(rank: int, world: int, codec: str) -> tuple[torch.Tensor, torch.Tensor]:
+    from lowbit.comm.allreduce import QuickAllReduce
+
+    x = rank_input(rank, 4096, torch.float16, 12)
+    x[10] = 60000.0
+    x[11] = -60000.0
+    x[3000] = 40000.0
+    ref = x.clone()
+    dist.all_reduce(ref)
+    QuickAllReduce(codec=codec, min_bytes=0, table={}).all_reduce(x)
+    return x, ref
+
+
+def faults_and_fallbacks(rank: int, world: int) -> dict:
+    """Several cheap checks in one group (the group survives a metadata mismatch)."""
+    out = {"fallback": plain_vs_quick_small(rank, world)}
+    out["size"] = mismatched(rank, world, "size")
+    out["dtype"] = mismatched(rank, world, "dtype")
+    out["after_mismatch"] = reduce_cases(rank, world, [("int4", "float32", 100, 9, False)])[0][0]
+    out["nonfinite"] = {c: nonfinite(rank, world, c) for c in ("int4", "fp4", "fp")}
+    out["overflow"] = {c: fp16_overflow(rank, world, c) for c in ("int8", "int3", "fp4", "fp")}
+    return out

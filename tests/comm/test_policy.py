@@ -1,0 +1,66 @@
+"""Size policy: byte parsing, precedence (env > arguments > table > default), table files, cost model."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from lowbit.comm.costmodel import CodecCost, LinkFit, crossover_bytes, fit_link, quick_s
+from lowbit.comm.policy import DEFAULT_MIN_BYTES, NO_MAX, SizePolicy, load_table, parse_bytes, save_table, table_key
+
+
+def test_parse_bytes():
+    assert parse_bytes("4096") == 4096
+    assert parse_bytes("4K") == 4096 and parse_bytes("256M") == 256 << 20 and parse_bytes("1.5KiB") == 1536
+    assert parse_bytes("inf") == NO_MAX
+    for bad in ("", "abc", "-1", "nan"):
+        with pytest.raises(ValueError):
+            parse_bytes(bad)
+
+
+def test_precedence(monkeypatch):
+    table = {table_key("int4", 2, torch.bfloat16): {"min_bytes": 5000, "max_bytes": 9000}}
+    monkeypatch.delenv("LOWBIT_QR_MIN_BYTES", raising=False)
+    monkeypatch.delenv("LOWBIT_QR_MAX_BYTES", raising=False)
+    assert SizePolicy("int4", 2).window(torch.bfloat16) == (DEFAULT_MIN_BYTES, NO_MAX, "default")
+    p = SizePolicy("int4", 2, table=table)
+    assert p.window(torch.bfloat16) == (5000, 9000, "table")
+    assert p.window(torch.float16)[2] == "default"  # other dtype: not in the table
+    assert p.use_quick(6000, torch.bfloat16) and not p.use_quick(4000, torch.bfloat16) and not p.use_quick(9001, torch.bfloat16)
+    assert SizePolicy("int4", 2, min_bytes=10, table=table).window(torch.bfloat16) == (10, 9000, "arguments")
+    monkeypatch.setenv("LOWBIT_QR_MAX_BYTES", "1M")
+    assert SizePolicy("int4", 2, min_bytes=10, table=table).window(torch.bfloat16) == (10, 1 << 20, "environment")
+    monkeypatch.setenv("LOWBIT_QR_MIN_BYTES", "oops")
+    with pytest.raises(ValueError, match="LOWBIT_QR_MIN_BYTES"):
+        SizePolicy("int4", 2).window(torch.bfloat16)
+
+
+def test_table_round_trip_and_bad_files(tmp_path):
+    p = tmp_path / "t.json"
+    assert load_table(p) == {}
+    save_table({"int4/w2/bfloat16": {"min_bytes": 1, "max_bytes": 2}}, {"note": "x"}, p)
+    assert load_table(p)["int4/w2/bfloat16"]["min_bytes"] == 1
+    assert not list(tmp_path.glob("*.tmp*"))
+    p.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_table(p)
+    p.write_text(json.dumps({"meta": {}}))
+    with pytest.raises(ValueError, match="entries"):
+        load_table(p)
+
+
+def test_cost_model_fit_and_crossover():
+    link = LinkFit(alpha_s=1e-4, bus_bytes_per_s=1e9, world_size=2)
+    sizes = [1e3, 1e5, 1e7]
+    fit = fit_link(sizes, [link.plain_s(s) for s in sizes], 2)
+    assert math.isclose(fit.alpha_s, 1e-4, rel_tol=1e-6) and math.isclose(fit.bus_bytes_per_s, 1e9, rel_tol=1e-6)
+    cost = CodecCost(1e-10, 1e-10)
+    x = crossover_bytes(2, 3.56, link, cost)
+    assert 0 < x < math.inf
+    assert math.isclose(quick_s(x, 2, 3.56, link, cost), link.plain_s(x), rel_tol=1e-6)
+    assert quick_s(10 * x, 2, 3.56, link, cost) < link.plain_s(10 * x)
+    slow = CodecCost(1e-6, 1e-6)  # compute dearer than the link saving: never quantize
+    assert crossover_bytes(2, 3.56, link, slow) == math.inf
+    with pytest.raises(ValueError):
+        fit_link([1.0], [1.0], 2)
