@@ -21,7 +21,7 @@ def register(sub) -> None:
     p.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct), a HF id or a directory")
     p.add_argument("--samples", type=int, default=4, help="calibration sequences (WikiText-2 validation)")
     p.add_argument("--seqlen", type=int, default=512, help="tokens per calibration sequence")
-    p.add_argument("--rows", type=int, default=512, help="activation rows kept per input site for SQNR")
+    p.add_argument("--rows", type=int, default=256, help="activation rows kept per input site for SQNR")
     p.add_argument("--top", type=int, default=10, help="outlier sites to list")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG: SQNR against effective bits")

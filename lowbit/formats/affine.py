@@ -161,3 +161,20 @@ def in_range(x: torch.Tensor, qp: QParams) -> torch.Tensor:
     if qp.zero_point is not None:
         v = v + qp.zero_point[:, None].float()
     return from_blocks((v >= qp.qmin - 0.5) & (v <= qp.qmax + 0.5), view)
+
+
+def requantize_values(x: torch.Tensor, qp: QParams) -> torch.Tensor:
+    """``dequantize(quantize(x, qp), qp, x.dtype)`` in one pass over float blocks, without codes.
+
+    Bit-identical to the two-step path (every intermediate is a small integer, exact in float32),
+    for measuring many formats quickly. ``x`` must already be validated (as by choose_qparams).
+    """
+    blocks, view = to_blocks(x.float(), qp.granularity)
+    s = qp.scale.float()[:, None]
+    q = torch.round(blocks / s)
+    if qp.zero_point is not None:
+        zp = qp.zero_point.float()[:, None]
+        q.add_(zp).clamp_(qp.qmin, qp.qmax).sub_(zp)
+    else:
+        q.clamp_(qp.qmin, qp.qmax)
+    return from_blocks(q.mul_(s), view).to(x.dtype)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .affine import choose_qparams, dequantize, quantize
+from .affine import choose_qparams, requantize_values
 from .fp4 import fp4_dequantize, fp4_quantize
 from .fp8 import FP8_DTYPES, fp8_dequantize, fp8_quantize
 from .granularity import Granularity, PerChannel, PerGroup, PerTensor, PerToken, n_blocks
@@ -62,8 +62,7 @@ class IntFormat:
         )
 
     def fake_quantize(self, x: torch.Tensor) -> torch.Tensor:
-        qp = self.qparams(x)
-        return dequantize(quantize(x, qp), qp, x.dtype)
+        return requantize_values(x, self.qparams(x))
 
     def effective_bits(self, shape) -> float:
         zb = 0 if self.symmetric else self.zero_bits

@@ -183,3 +183,12 @@ def test_blocks_mismatch_rejected():
     qp = choose_qparams(torch.randn(4, 8), 4, granularity=PerToken())
     with pytest.raises(ValueError, match="blocks"):
         quantize(torch.randn(5, 8), qp)
+
+
+@given(cases(), st.integers(2, 8), st.booleans(), st.booleans())
+def test_one_pass_requantize_equals_quantize_then_dequantize(case, bits, symmetric, full_range):
+    from lowbit.formats.affine import requantize_values
+
+    x, g = case
+    qp = choose_qparams(x, bits, symmetric=symmetric, granularity=g, full_range=full_range)
+    assert torch.equal(requantize_values(x, qp), dequantize(quantize(x, qp), qp, x.dtype))
