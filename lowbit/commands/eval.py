@@ -1,0 +1,183 @@
+"""``lowbit eval``: perplexity, zero-shot accuracy, KL divergence, and comparing result files."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+DEFAULT_SEQLEN = 2048
+
+PPL_HELP = """Perplexity by the standard protocol (GPTQ, Atom, llm-compressor): the evaluation text is
+tokenized once, cut into non-overlapping windows of --seqlen tokens (the tail is dropped), and
+ppl = exp(mean NLL over every predicted token). wikitext2 = WikiText-2 raw test; ptb = PTB test
+(lines stripped, joined with blank lines); or a path to a text file."""
+
+ZS_HELP = """Zero-shot accuracy by log-likelihood, formatted and scored as lm-evaluation-harness 0.4:
+context "<query>\\nAnswer:", continuation " <choice>"; acc = argmax of the summed log-likelihood,
+acc_norm = argmax of log-likelihood / character length of the choice. WinoGrande: partial scoring
+(acc only). LAMBADA (OpenAI): acc = greedy decoding reproduces the last word; also its ppl."""
+
+KL_HELP = """KL(reference || model) of the next-token distributions and top-1 agreement over the
+perplexity windows, as llama.cpp's --kl-divergence reports them (mean, median, 99th percentile,
+in nats). They show quantization damage long before perplexity does."""
+
+
+def _common(p: argparse.ArgumentParser, model_default: str | None = "default") -> None:
+    if model_default is not None:
+        p.add_argument("--model", default=model_default, help="'default' (SmolLM2-135M-Instruct), a Hugging Face id or a directory (default: %(default)s)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights and activations dtype (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=None, help="sequences per forward pass")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON (for 'lowbit eval compare')")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def _window_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dataset", nargs="+", default=["wikitext2"], help="wikitext2, ptb, or text file paths (default: wikitext2)")
+    p.add_argument("--seqlen", type=int, nargs="+", default=None,
+                   help=f"window length(s) in tokens (default: {DEFAULT_SEQLEN}, capped at the model's context; an explicit value longer than the context is an error)")
+    p.add_argument("--max-windows", type=int, default=None, help="evaluate only the first N windows")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("eval", help="evaluate a model: perplexity, zero-shot accuracy, KL divergence", description=__doc__)
+    kinds = p.add_subparsers(dest="eval_kind", metavar="KIND")
+
+    pp = kinds.add_parser("ppl", help="perplexity on WikiText-2 / PTB", description=PPL_HELP)
+    _common(pp)
+    _window_args(pp)
+    pp.set_defaults(func=run_ppl)
+
+    pz = kinds.add_parser("zeroshot", help="zero-shot accuracy (PIQA, ARC, BoolQ, WinoGrande, LAMBADA)", description=ZS_HELP)
+    _common(pz)
+    pz.add_argument("--tasks", nargs="+", default=["all"], help="task names or 'all': piqa arc_easy arc_challenge boolq winogrande lambada_openai")
+    pz.add_argument("--limit", type=int, default=None, help="score only the first N items of each task")
+    pz.set_defaults(func=run_zeroshot)
+
+    pk = kinds.add_parser("kl", help="KL divergence from a reference model, top-1 agreement", description=KL_HELP)
+    pk.add_argument("--ref", required=True, help="reference model (e.g. the float original), or a .safetensors file from --save-ref")
+    _common(pk)
+    _window_args(pk)
+    pk.add_argument("--save-ref", metavar="PATH", help="instead of comparing, save the --ref model's top-k log-probs to PATH")
+    pk.add_argument("--top-k", type=int, default=32, help="k for --save-ref (default: %(default)s)")
+    pk.set_defaults(func=run_kl)
+
+    pc = kinds.add_parser("compare", help="print two result JSON files side by side with deltas", description="Compare two 'lowbit eval ... --json' files of the same kind.")
+    pc.add_argument("a", help="baseline result JSON")
+    pc.add_argument("b", help="result JSON to compare with the baseline")
+    pc.set_defaults(func=run_compare)
+    p.set_defaults(func=lambda args: p.print_help() or 2)
+
+
+def _setup(args):
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return getattr(torch, args.dtype)
+
+
+def _load(name: str, dtype):
+    from lowbit.models import load_model
+
+    return load_model(name, dtype=dtype)
+
+
+def _seqlens(args, model) -> list[int]:
+    from lowbit.eval.forward import model_context
+
+    if args.seqlen:
+        return args.seqlen
+    ctx = model_context(model)
+    return [min(DEFAULT_SEQLEN, ctx) if ctx else DEFAULT_SEQLEN]
+
+
+def _finish(record: dict, args) -> int:
+    from rich.console import Console
+
+    from lowbit.eval.report import results_table, save_json
+
+    Console().print(results_table(record))
+    if args.json:
+        save_json(record, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _fail(e: Exception) -> int:
+    print(f"lowbit eval: error: {e}", file=sys.stderr)
+    return 2
+
+
+def run_ppl(args) -> int:
+    from lowbit.eval.perplexity import perplexity
+    from lowbit.eval.report import make_record
+
+    try:
+        dtype = _setup(args)
+        model, tok = _load(args.model, dtype)
+        results = [
+            perplexity(model, tok, ds, sl, args.max_windows, args.batch_size or 1, not args.no_progress).to_dict()
+            for sl in _seqlens(args, model) for ds in args.dataset
+        ]
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        return _fail(e)
+    return _finish(make_record("ppl", args.model, results, dtype=args.dtype, argv=sys.argv[1:]), args)
+
+
+def run_zeroshot(args) -> int:
+    from lowbit.data.zeroshot import TASKS, canonical_task
+    from lowbit.eval.report import make_record
+    from lowbit.eval.zeroshot import evaluate_task
+
+    try:
+        tasks = list(TASKS) if args.tasks == ["all"] else [canonical_task(t) for t in args.tasks]
+        dtype = _setup(args)
+        model, tok = _load(args.model, dtype)
+        results = [evaluate_task(model, tok, t, args.limit, args.batch_size or 16, not args.no_progress).to_dict() for t in tasks]
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        return _fail(e)
+    return _finish(make_record("zeroshot", args.model, results, dtype=args.dtype, limit=args.limit, argv=sys.argv[1:]), args)
+
+
+def run_kl(args) -> int:
+    from pathlib import Path
+
+    from lowbit.eval.kl import ReferenceTopK, kl_divergence, reference_topk
+    from lowbit.eval.report import make_record
+
+    try:
+        dtype = _setup(args)
+        bs, prog = args.batch_size or 1, not args.no_progress
+        if args.save_ref:
+            ref, tok = _load(args.ref, dtype)
+            (sl,), (ds,) = _seqlens(args, ref)[:1], args.dataset[:1]
+            r = reference_topk(ref, tok, ds, sl, args.max_windows, bs, args.top_k, prog)
+            r.save(args.save_ref)
+            print(f"wrote {args.save_ref}: top-{r.k} reference of {args.ref} on {ds}@{sl}, {r.windows.shape[0]} windows")
+            return 0
+        model, tok = _load(args.model, dtype)
+        if args.ref.endswith(".safetensors") and Path(args.ref).is_file():
+            ref = ReferenceTopK.load(args.ref)
+        else:
+            ref, _ = _load(args.ref, dtype)
+        results = [
+            kl_divergence(ref, model, tok, ds, sl, args.max_windows, bs, prog).to_dict()
+            for sl in _seqlens(args, model) for ds in args.dataset
+        ]
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        return _fail(e)
+    return _finish(make_record("kl", args.model, results, ref=args.ref, dtype=args.dtype, argv=sys.argv[1:]), args)
+
+
+def run_compare(args) -> int:
+    from rich.console import Console
+
+    from lowbit.eval.report import compare_table, load_json
+
+    try:
+        a, b = load_json(args.a), load_json(args.b)
+        Console().print(compare_table(a, b, "A", "B"))
+    except (ValueError, FileNotFoundError) as e:
+        return _fail(e)
+    return 0
