@@ -37,6 +37,9 @@ def _window_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seqlen", type=int, nargs="+", default=None,
                    help=f"window length(s) in tokens (default: {DEFAULT_SEQLEN}, capped at the model's context; an explicit value longer than the context is an error)")
     p.add_argument("--max-windows", type=int, default=None, help="evaluate only the first N windows")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (launched here, or run under torchrun)")
+    p.add_argument("--allreduce", default="plain", choices=["plain", "fp", "int8", "int6", "int4", "int3", "fp4"],
+                   help="with --tp: sum o_proj/down_proj outputs with dist.all_reduce (plain) or QuickAllReduce(CODEC)")
 
 
 def register(sub) -> None:
@@ -109,10 +112,34 @@ def _fail(e: Exception) -> int:
     return 2
 
 
+def _run_tp(kind: str, args) -> int:
+    """``--tp W``: launch W ranks, each holding its shard; rank 0 reports."""
+    from lowbit.comm.tp.eval import run_tp_eval
+    from lowbit.eval.report import make_record
+
+    try:
+        results = []
+        for sl in args.seqlen or [DEFAULT_SEQLEN]:
+            for ds in args.dataset:
+                res = run_tp_eval(kind, args.model, args.tp, args.allreduce, dataset=ds, seqlen=sl,
+                                  max_windows=args.max_windows, batch_size=args.batch_size or 1,
+                                  ref=getattr(args, "ref", None))
+                if res is None:  # a non-zero rank under torchrun: rank 0 reports
+                    return 0
+                results.append(res)
+    except (ValueError, FileNotFoundError, RuntimeError, NotImplementedError) as e:
+        return _fail(e)
+    extra = {"ref": args.ref} if kind == "kl" else {}
+    return _finish(make_record(kind, args.model, results, dtype=args.dtype, tp=args.tp, allreduce=args.allreduce,
+                               argv=sys.argv[1:], **extra), args)
+
+
 def run_ppl(args) -> int:
     from lowbit.eval.perplexity import perplexity
     from lowbit.eval.report import make_record
 
+    if args.tp > 1:
+        return _run_tp("ppl", args)
     try:
         dtype = _setup(args)
         model, tok = _load(args.model, dtype)
@@ -146,6 +173,8 @@ def run_kl(args) -> int:
     from lowbit.eval.kl import ReferenceTopK, kl_divergence, reference_topk
     from lowbit.eval.report import make_record
 
+    if args.tp > 1 and not args.save_ref:
+        return _run_tp("kl", args)
     try:
         dtype = _setup(args)
         bs, prog = args.batch_size or 1, not args.no_progress

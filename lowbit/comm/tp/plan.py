@@ -1,0 +1,104 @@
+"""How a decoder is cut across W tensor-parallel ranks: which heads and MLP rows each rank holds.
+
+The rule (checked before any rank starts):
+
+* Query heads stay with the KV head they attend to. When there are at least as many KV heads as
+  ranks, whole KV groups are dealt out as evenly as possible in order (3 KV groups of 3 heads on
+  2 ranks: 2 groups + 1 group, so 6 + 3 query heads); no KV head is stored twice.
+* With fewer KV heads than ranks, query heads are dealt out as evenly as possible in order and
+  each rank keeps (replicates) the KV heads its query heads need. When a rank's query heads do
+  not use its KV heads equally often, the KV heads are expanded to one per local query head so the
+  local module is ordinary multi-head attention (same numbers, a little more memory).
+* MLP rows (intermediate channels) are dealt out as evenly as possible in order.
+
+Uneven shares are exact: the row-parallel partial sums just cover different numbers of terms.
+A split is impossible (clear ``TPSplitError``) when a rank would get no query head or no MLP row,
+or when the architecture is not one we know how to shard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SUPPORTED_TYPES = ("llama", "qwen2", "mistral", "gemma")
+
+
+class TPSplitError(ValueError):
+    """The model cannot be split across the requested number of ranks."""
+
+
+@dataclass(frozen=True)
+class AttnShard:
+    q_heads: tuple[int, ...]  # global query-head indices, in order
+    kv_heads: tuple[int, ...]  # global KV-head index of each local KV head (repeats when expanded)
+    groups: int  # local query heads per local KV head
+
+    def check(self, rep: int) -> None:
+        for i, h in enumerate(self.q_heads):
+            assert self.kv_heads[i // self.groups] == h // rep, (self, rep)
+
+
+def even_ranges(n: int, world: int) -> list[tuple[int, int]]:
+    """``world`` consecutive ranges covering 0..n-1, sizes differing by at most one (larger first)."""
+    base, extra = divmod(n, world)
+    out, lo = [], 0
+    for r in range(world):
+        hi = lo + base + (1 if r < extra else 0)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+def attention_plan(n_heads: int, n_kv: int, world: int) -> list[AttnShard]:
+    """The attention shard of every rank (see the module docstring for the rule)."""
+    if world < 1:
+        raise TPSplitError(f"the number of ranks must be >= 1, got {world}")
+    if n_kv < 1 or n_heads % n_kv:
+        raise TPSplitError(f"{n_heads} attention heads are not a multiple of {n_kv} KV heads")
+    if n_heads < world:
+        raise TPSplitError(f"cannot split {n_heads} attention heads over {world} ranks: a rank would hold no head")
+    rep = n_heads // n_kv
+    shards = []
+    if n_kv >= world:
+        for lo, hi in even_ranges(n_kv, world):
+            shards.append(AttnShard(tuple(range(lo * rep, hi * rep)), tuple(range(lo, hi)), rep))
+    else:
+        for lo, hi in even_ranges(n_heads, world):
+            heads = tuple(range(lo, hi))
+            kvs = [h // rep for h in heads]
+            distinct = sorted(set(kvs))
+            counts = {kvs.count(k) for k in distinct}
+            if len(counts) == 1:
+                shards.append(AttnShard(heads, tuple(distinct), counts.pop()))
+            else:
+                shards.append(AttnShard(heads, tuple(kvs), 1))
+    for s in shards:
+        s.check(rep)
+    return shards
+
+
+@dataclass(frozen=True)
+class TPPlan:
+    world: int
+    attn: list[AttnShard]
+    mlp: list[tuple[int, int]]  # intermediate rows of each rank
+    head_dim: int
+
+    def describe(self) -> str:
+        parts = [f"rank {r}: {len(a.q_heads)} q heads, {len(a.kv_heads)} kv heads, mlp rows {lo}..{hi - 1}"
+                 for r, (a, (lo, hi)) in enumerate(zip(self.attn, self.mlp))]
+        return "; ".join(parts)
+
+
+def make_plan(config, world: int) -> TPPlan:
+    """Check that ``config`` (a transformers config) can be split over ``world`` ranks; the plan."""
+    mt = getattr(config, "model_type", None)
+    if mt not in SUPPORTED_TYPES:
+        raise TPSplitError(f"tensor parallelism supports {', '.join(SUPPORTED_TYPES)} models, not {mt!r}")
+    n_heads = config.num_attention_heads
+    n_kv = getattr(config, "num_key_value_heads", None) or n_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+    inter = config.intermediate_size
+    if inter < world:
+        raise TPSplitError(f"cannot split an MLP of {inter} channels over {world} ranks")
+    return TPPlan(world, attention_plan(n_heads, n_kv, world), even_ranges(inter, world), head_dim)
