@@ -1,0 +1,230 @@
+"""``lowbit bench decode``: generation tokens/s of the real model per format (FP32, BF16, W8A8,
+W4A16, W4A4, W4A4 + INT4 KV cache) and batch size, with peak memory and the bytes of weights and
+KV cache, all formats measured in one run (median of repeats).
+
+Quantized linears run through :mod:`lowbit.kernels` (``accelerate`` swaps them in). Weights are
+quantized with a tiny calibration set and RTN by default (``--gptq`` for the presets' GPTQ):
+speed does not depend on the weight values, only on the layout, which is the same.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+FORMATS = ("fp32", "bf16", "w8a8", "w4a16", "w4a4", "w4a4-kv4")
+
+
+def register(kinds) -> None:
+    p = kinds.add_parser("decode", help="generation tokens/s per format and batch, memory, weight and KV bytes")
+    p.add_argument("--model", default="default")
+    p.add_argument("--formats", default=",".join(FORMATS))
+    p.add_argument("--batches", default="1,8,32")
+    p.add_argument("--prompt", type=int, default=128, help="prompt tokens")
+    p.add_argument("--new", type=int, default=128, help="generated tokens")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--calib", default="4x128", help="calibration SAMPLESxSEQLEN (tiny: only speed is measured)")
+    p.add_argument("--gptq", action="store_true", help="use the presets' GPTQ instead of RTN (slower to quantize)")
+    p.add_argument("--kernel", default=None, choices=["auto", "reference", "cpu", "triton"])
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave as is)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", type=Path, default=Path("bench_out/decode"))
+    p.set_defaults(func=run)
+
+
+class PeakRSS:
+    """Samples the process RSS in a thread (CPU has no allocator peak counter)."""
+
+    def __init__(self, interval: float = 0.005):
+        import psutil
+
+        self.proc, self.interval, self.peak = psutil.Process(), interval, 0
+
+    def __enter__(self):
+        import threading
+
+        self.base = self.peak = self.proc.memory_info().rss
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._loop, daemon=True)
+        self._t.start()
+        return self
+
+    def _loop(self):
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss)
+
+
+def kv_bytes(cache) -> int:
+    if hasattr(cache, "nbytes"):
+        return int(cache.nbytes())
+    total = 0
+    for layer in cache.layers:
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if t is not None and hasattr(t, "numel"):
+                total += t.numel() * t.element_size()
+    return total
+
+
+def _make_model(base, fmt: str, tokenizer, args, device):
+    """A copy of ``base`` in format ``fmt``: (model, stored decoder weight bytes, kernel counts, quantize s)."""
+    import copy
+    import time
+
+    import torch
+
+    from lowbit.data import calibration_ids
+    from lowbit.kernels import accelerate
+    from lowbit.nn.quant_linear import module_bytes
+    from lowbit.quantize import get_scheme, quantize_model
+    from lowbit.quantize.scheme import GPTQArgs
+
+    model = copy.deepcopy(base)
+    layers = model.model.layers
+    if fmt in ("fp32", "bf16"):
+        model.to(device=device, dtype=torch.float32 if fmt == "fp32" else torch.bfloat16)
+        return model, module_bytes(layers), {}, 0.0
+    scheme = get_scheme(fmt)
+    if not args.gptq:
+        scheme = scheme.with_(gptq=GPTQArgs(enabled=False))
+    n, seqlen = (int(v) for v in args.calib.lower().split("x"))
+    t0 = time.perf_counter()
+    quantize_model(model, scheme, calibration_ids(tokenizer, n, seqlen), device=str(device), progress=False)
+    qs = time.perf_counter() - t0
+    stored = module_bytes(layers)
+    counts = dict(accelerate(model, args.kernel))
+    model.to(device)
+    return model, stored, counts, qs
+
+
+def _cache_for(model, fmt: str):
+    from transformers import DynamicCache
+
+    from lowbit.nn.kv_cache import PackedKVCache
+
+    if fmt.endswith("-kv4"):
+        return PackedKVCache(model.config, 4, False)
+    return DynamicCache(config=model.config)
+
+
+def run(args) -> int:
+    import statistics
+    import time
+
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+    from tqdm.auto import tqdm
+
+    from lowbit.data import calibration_ids
+    from lowbit.models import load_model
+
+    from .report import fmt_bytes, write_csv, write_json
+
+    console = Console(width=max(140, Console().width))
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    bad = [f for f in formats if f not in FORMATS]
+    batches = [int(b) for b in args.batches.split(",")]
+    if bad or args.repeats < 1 or args.new < 2 or args.prompt < 1 or any(b < 1 for b in batches):
+        console.print(f"[red]bad arguments: formats {bad} (choose {', '.join(FORMATS)}), repeats >= 1, new >= 2[/red]")
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    base, tok = load_model(args.model, dtype=torch.float32, device="cpu")
+    base.eval()
+    prompts = calibration_ids(tok, max(batches), args.prompt, seed=1)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    rows = []
+    fp16_layer_bytes = sum(p.numel() for p in base.model.layers.parameters()) * 2
+    for fmt in tqdm(formats, desc="formats", disable=None):
+        model, stored, counts, qsec = _make_model(base, fmt, tok, args, device)
+        model.eval()
+        for b in batches:
+            ids = prompts[:b].to(device)
+
+            def gen(n_new: int, model=model, ids=ids):
+                cache = _cache_for(model, fmt)
+                with torch.inference_mode():
+                    model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_new,
+                                   min_new_tokens=n_new, do_sample=False, cache=cache, pad_token_id=pad)
+                sync()
+                return cache
+
+            gen(2)  # warm-up
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+            t_pre, t_all = [], []
+            with PeakRSS() as mem:
+                for _ in range(args.repeats):
+                    t0 = time.perf_counter()
+                    gen(1)
+                    t_pre.append(time.perf_counter() - t0)
+                    t0 = time.perf_counter()
+                    cache = gen(args.new)
+                    t_all.append(time.perf_counter() - t0)
+            pre, tot = statistics.median(t_pre), statistics.median(t_all)
+            peak = torch.cuda.max_memory_allocated(device) if cuda else mem.peak
+            rows.append({
+                "format": fmt, "batch": b, "prompt": args.prompt, "new": args.new, "repeats": args.repeats,
+                "gen_tok_s": b * args.new / tot, "decode_tok_s": b * (args.new - 1) / max(tot - pre, 1e-9),
+                "prefill_s": pre, "total_s": tot, "peak_mem_bytes": peak,
+                "peak_mem_kind": "cuda max allocated" if cuda else "process RSS",
+                "rss_growth_bytes": 0 if cuda else mem.peak - mem.base,
+                "layer_weight_bytes": stored, "layer_weight_vs_fp16": stored / fp16_layer_bytes,
+                "kv_bytes": kv_bytes(cache), "kernels": counts, "quantize_s": qsec,
+            })
+            console.print(f"{fmt} batch {b}: {rows[-1]['decode_tok_s']:.1f} decode tok/s, prefill {pre:.2f} s", highlight=False)
+        del model
+    fp_kv = {r["batch"]: r["kv_bytes"] for r in rows if r["format"] == "fp32"}
+    base_tps = {r["batch"]: r["decode_tok_s"] for r in rows if r["format"] == "bf16"}
+    for r in rows:
+        # FP16's KV = half of FP32's (same shapes), the issue's yardstick
+        r["kv_vs_fp16"] = r["kv_bytes"] / (fp_kv[r["batch"]] / 2) if r["batch"] in fp_kv else None
+        r["decode_vs_bf16"] = r["decode_tok_s"] / base_tps[r["batch"]] if r["batch"] in base_tps else None
+    table = Table(title=f"decode, {args.model}, prompt {args.prompt} + {args.new} new tokens, {device}, "
+                        f"{torch.get_num_threads()} threads, median of {args.repeats}")
+    for c in ("format", "batch", "gen tok/s", "decode tok/s", "vs bf16", "prefill s", "peak mem",
+              "layer weights", "vs fp16", "KV cache", "KV vs fp16"):
+        table.add_column(c, justify="right")
+    for r in rows:
+        fx = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
+        table.add_row(r["format"], str(r["batch"]), f"{r['gen_tok_s']:.1f}", f"{r['decode_tok_s']:.1f}",
+                      fx(r["decode_vs_bf16"]), f"{r['prefill_s']:.2f}", fmt_bytes(r["peak_mem_bytes"]),
+                      fmt_bytes(r["layer_weight_bytes"]), fx(r["layer_weight_vs_fp16"]), fmt_bytes(r["kv_bytes"]),
+                      fx(r["kv_vs_fp16"]))
+    console.print(table)
+    meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+    meta |= {"torch": torch.__version__, "threads": torch.get_num_threads(), "fp16_layer_bytes": fp16_layer_bytes}
+    write_csv(args.out / "decode.csv", [{k: v for k, v in r.items() if k != "kernels"} for r in rows])
+    write_json(args.out / "decode.json", {"meta": meta, "rows": rows})
+    _plot(rows, args.out / "decode.png")
+    console.print(f"wrote {args.out}/decode.csv, decode.json, decode.png")
+    return 0
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .report import save_figure
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for f in dict.fromkeys(r["format"] for r in rows):
+        pts = [(r["batch"], r["decode_tok_s"]) for r in rows if r["format"] == f]
+        ax.plot(*zip(*pts), marker="o", label=f)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch (sequences)")
+    ax.set_ylabel("decode tokens/s")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    save_figure(fig, path)
+    plt.close(fig)

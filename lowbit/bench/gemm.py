@@ -1,0 +1,234 @@
+"""``lowbit bench gemm``: each quantized linear kernel next to fp32 and bf16 ``F.linear``,
+measured side by side in one run (median of repeats), with bytes moved, operations, GB/s,
+TFLOP/s and the roofline bound, on the default model's and Llama-7B's shapes.
+
+Roofline: bound = max(bytes / copy bandwidth, ops / peak), with the copy bandwidth measured in
+the same run and the peak = the best fp32/bf16 ``F.linear`` rate seen in the run (an empirical
+ceiling: this is what the hardware demonstrably does, not a datasheet number).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SHAPE_SETS = {  # (name, in_features, out_features)
+    "default": [("q/o 576x576", 576, 576), ("k/v 576x192", 576, 192), ("gate/up 576x1536", 576, 1536),
+                ("down 1536x576", 1536, 576)],
+    "llama7b": [("4096x4096", 4096, 4096), ("4096x11008", 4096, 11008), ("11008x4096", 11008, 4096)],
+}
+KERNELS = ("fp32", "bf16", "w4a16", "w8a16", "w8a8", "w4a4")
+
+
+def register(kinds) -> None:
+    p = kinds.add_parser("gemm", help="quantized linear kernels vs fp32/bf16 F.linear (time, GB/s, TFLOP/s, roofline)")
+    p.add_argument("--shapes", default="default,llama7b", help=f"comma list of {', '.join(SHAPE_SETS)} or INxOUT")
+    p.add_argument("--batches", default="1,8,64,512")
+    p.add_argument("--kernels", default=",".join(KERNELS),
+                   help="fp32,bf16 and quantized kinds w4a16,w8a16,w8a8,w4a4; KIND@int_mm times the "
+                        "torch._int_mm variant of w8a8/w4a4 on CPU (slow without VNNI/AMX)")
+    p.add_argument("--kernel", default=None, choices=["auto", "reference", "cpu", "triton"],
+                   help="force the implementation of the quantized kinds (default: LOWBIT_KERNEL or auto)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave as is)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--max-seconds", type=float, default=20.0,
+                   help="skip further repeats of a row whose single call takes longer than this")
+    p.add_argument("--out", type=Path, default=Path("bench_out/gemm"))
+    p.set_defaults(func=run)
+
+
+def parse_shapes(spec: str) -> list[tuple[str, int, int]]:
+    """``default,llama7b`` (named sets) and/or ``INxOUT`` items, e.g. ``default,256x64``."""
+    import re
+
+    shapes = []
+    for item in (s.strip() for s in spec.split(",") if s.strip()):
+        if item in SHAPE_SETS:
+            shapes += SHAPE_SETS[item]
+        elif m := re.fullmatch(r"(\d+)x(\d+)", item):
+            n_in, n_out = int(m[1]), int(m[2])
+            if n_in < 1 or n_out < 1:
+                raise ValueError(f"shape {item!r} must be positive")
+            shapes.append((item, n_in, n_out))
+        else:
+            raise ValueError(f"unknown shape {item!r}: use {', '.join(SHAPE_SETS)} or INxOUT")
+    if not shapes:
+        raise ValueError("no shapes given")
+    return shapes
+
+
+def median_time(fn, repeats: int, sync, max_seconds: float = float("inf")) -> tuple[float, int]:
+    """(median seconds, repeats done) after one warm-up call."""
+    import statistics
+    import time
+
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    first = time.perf_counter() - t0
+    n = 1 if first > max_seconds else repeats
+    ts = []
+    for _ in range(n):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts), n
+
+
+def tensor_bytes(obj) -> int:
+    """Bytes of every tensor a prepared kernel state holds (what a call must read)."""
+    import dataclasses
+
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if dataclasses.is_dataclass(obj):
+        return sum(tensor_bytes(getattr(obj, f.name)) for f in dataclasses.fields(obj))
+    return 0
+
+
+def _copy_bandwidth(dev, sync, repeats: int) -> float:
+    import torch
+
+    x = torch.empty(64 << 20, dtype=torch.uint8, device=dev).fill_(1)
+    y = torch.empty_like(x)
+    s, _ = median_time(lambda: y.copy_(x), repeats, sync)
+    return 2 * x.numel() / s  # read + write
+
+
+def run(args) -> int:
+    import torch
+    import torch.nn.functional as F
+    from rich.console import Console
+    from tqdm.auto import tqdm
+
+    from lowbit.kernels import from_float, prepare
+
+    from .report import write_csv, write_json
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    console = Console(width=max(160, Console().width))
+    dev = torch.device(args.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        console.print("[red]--device cuda but no CUDA device is available[/red]")
+        return 2
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    try:
+        shapes = parse_shapes(args.shapes)
+    except ValueError as e:
+        console.print(f"[red]{e}[/red]")
+        return 2
+    batches = [int(b) for b in args.batches.split(",")]
+    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    bad = [k for k in kernels if k.split("@")[0] not in KERNELS or ("@" in k and k.split("@")[1] not in ("float", "int_mm"))]
+    if bad or any(b < 1 for b in batches) or args.repeats < 1:
+        console.print(f"[red]bad arguments: kernels {bad} (choose {', '.join(KERNELS)}), batches >= 1, repeats >= 1[/red]")
+        return 2
+    copy_bw = _copy_bandwidth(dev, sync, args.repeats)
+    rows = []
+    total = len(shapes) * len(kernels)
+    with tqdm(total=total, desc="gemm", disable=None) as bar:
+        for sname, n_in, n_out in shapes:
+            torch.manual_seed(0)
+            w32 = torch.randn(n_out, n_in) / n_in ** 0.5
+            for kname in kernels:
+                bar.set_postfix_str(f"{sname} {kname}")
+                if kname in ("fp32", "bf16"):
+                    dt = torch.float32 if kname == "fp32" else torch.bfloat16
+                    w = w32.to(device=dev, dtype=dt)
+                    call, impl, wbytes, xdt = (lambda x, w=w: F.linear(x, w)), "F.linear", tensor_bytes(w), dt
+                else:
+                    kind, _, method = kname.partition("@")
+                    # Atom keeps 128 of 4096 channels in INT8; the default model's preset keeps 32
+                    k = (128 if n_in >= 4096 else 32) if kind == "w4a4" else 0
+                    p = from_float(w32, kind, group=128, n_outliers=k, act_clip=0.9)
+                    pl = prepare(p, dev, args.kernel, cpu_method=method or None)
+                    call, impl, wbytes, xdt = pl, pl.kernel, tensor_bytes(pl.state), torch.float32
+                for t in batches:
+                    x = torch.randn(t, n_in, device=dev).to(xdt)
+                    sec, n = median_time(lambda: call(x), args.repeats, sync, args.max_seconds)
+                    ops = 2.0 * t * n_in * n_out
+                    moved = wbytes + x.numel() * x.element_size() + t * n_out * (4 if xdt == torch.float32 else 2)
+                    rows.append({"shape": sname, "in": n_in, "out": n_out, "batch": t, "kernel": kname, "impl": impl,
+                                 "ms": sec * 1e3, "repeats": n, "weight_bytes": wbytes, "bytes": moved, "ops": ops,
+                                 "GBps": moved / sec / 1e9, "TFLOPps": ops / sec / 1e12})
+                bar.update(1)
+    _finish(rows, copy_bw)
+    _print(console, rows, copy_bw, dev)
+    meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+    meta |= {"torch": torch.__version__, "threads": torch.get_num_threads(), "copy_GBps": copy_bw / 1e9,
+             "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    write_csv(args.out / "gemm.csv", rows)
+    write_json(args.out / "gemm.json", {"meta": meta, "rows": rows})
+    _plot(rows, args.out / "gemm.png")
+    console.print(f"wrote {args.out}/gemm.csv, gemm.json, gemm.png")
+    return 0
+
+
+def _finish(rows: list[dict], copy_bw: float) -> None:
+    """Speedups against fp32/bf16 of the same shape and batch, and the roofline bound."""
+    peak = max((r["ops"] / (r["ms"] / 1e3) for r in rows if r["kernel"] in ("fp32", "bf16")), default=0.0)
+    base = {(r["shape"], r["batch"], r["kernel"]): r["ms"] for r in rows if r["kernel"] in ("fp32", "bf16")}
+    for r in rows:
+        bound = max(r["bytes"] / copy_bw, r["ops"] / peak if peak else 0.0)
+        r["roofline_ms"] = bound * 1e3
+        r["of_roofline"] = bound * 1e3 / r["ms"]
+        r["bound_by"] = "memory" if r["bytes"] / copy_bw >= (r["ops"] / peak if peak else 0.0) else "compute"
+        for b in ("fp32", "bf16"):
+            ref = base.get((r["shape"], r["batch"], b))
+            r[f"x_vs_{b}"] = ref / r["ms"] if ref else None
+
+
+def _print(console, rows: list[dict], copy_bw: float, dev) -> None:
+    from rich.table import Table
+
+    from .report import fmt_bytes
+
+    table = Table(title=f"linear kernels on {dev} (median ms; copy bandwidth {copy_bw / 1e9:.1f} GB/s; "
+                        "roofline = max(bytes/copy BW, ops/best F.linear rate))")
+    for col in ("shape", "batch", "kernel", "impl", "ms", "vs bf16", "vs fp32", "weights", "GB/s", "TFLOP/s",
+                "roofline ms", "of roofline"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        fx = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
+        table.add_row(r["shape"], str(r["batch"]), r["kernel"], r["impl"], f"{r['ms']:.3f}", fx(r["x_vs_bf16"]),
+                      fx(r["x_vs_fp32"]), fmt_bytes(r["weight_bytes"]), f"{r['GBps']:.2f}", f"{r['TFLOPps']:.4f}",
+                      f"{r['roofline_ms']:.3f} ({r['bound_by'][0]})", f"{100 * r['of_roofline']:.0f}%")
+    console.print(table)
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .report import save_figure
+
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    kernels = list(dict.fromkeys(r["kernel"] for r in rows))
+    cols = min(4, len(shapes))
+    nrows = -(-len(shapes) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3.2 * nrows), squeeze=False)
+    for ax, s in zip(axes.flat, shapes):
+        for k in kernels:
+            pts = [(r["batch"], r["x_vs_bf16"]) for r in rows if r["shape"] == s and r["kernel"] == k and r["x_vs_bf16"]]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=k)
+        ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_title(s, fontsize=9)
+        ax.set_xlabel("batch (tokens)")
+        ax.set_ylabel("speed vs bf16 F.linear")
+    for ax in list(axes.flat)[len(shapes):]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)

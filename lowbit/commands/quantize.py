@@ -1,0 +1,103 @@
+"""``lowbit quantize MODEL --scheme NAME --out DIR``: quantize layer by layer, save packed,
+print float against quantized (WikiText-2 perplexity, KL, weight bytes)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub) -> None:
+    from lowbit.quantize.presets import PRESETS
+
+    p = sub.add_parser(
+        "quantize",
+        help="quantize a Llama-like model (Atom-style W4A4 and baselines), save it packed",
+        description="Calibrate on WikiText-2 validation windows one decoder layer at a time, quantize with "
+        "a named scheme, optionally save the packed checkpoint, and compare against the float model.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("model", nargs="?", default="default", help="'default' (SmolLM2-135M-Instruct), a HF id or a directory")
+    p.add_argument("--scheme", default="w4a4-kv4", choices=sorted(PRESETS), help="preset scheme")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="PART.FIELD=VALUE",
+                   help="override a scheme field, e.g. outliers.count=64 (repeatable)")
+    p.add_argument("--name", help="name of the resulting scheme (default: preset + overrides)")
+    p.add_argument("--out", help="write the quantized checkpoint here (safetensors + lowbit_config.json)")
+    p.add_argument("--samples", type=int, default=128, help="calibration sequences (Atom: 128; use ~16 on a CPU)")
+    p.add_argument("--seqlen", type=int, default=2048, help="tokens per calibration sequence (Atom: 2048)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--eval-windows", type=int, default=40, help="WikiText-2 test windows to compare on (0: skip)")
+    p.add_argument("--eval-seqlen", type=int, default=512, help="tokens per evaluation window")
+    p.add_argument("--reference", metavar="PATH", help="cache of the float model's top-k log-probs (made if missing); "
+                   "KL is then the top-k lower bound")
+    p.add_argument("--json", metavar="PATH", help="append the result as one JSON line")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import json
+    import time
+    from pathlib import Path
+
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from lowbit.data import calibration_ids
+    from lowbit.models import load_model
+    from lowbit.quantize import get_scheme, quantize_model
+    from lowbit.quantize.overrides import apply_overrides
+    from lowbit.quantize.report import decoder_bytes
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    console = Console()
+    scheme = apply_overrides(get_scheme(args.scheme), args.overrides, args.name)
+    t0 = time.perf_counter()
+    model, tok = load_model(args.model)
+    float_bytes = decoder_bytes(model)
+    ids = calibration_ids(tok, args.samples, args.seqlen)
+    console.print(f"[bold]{scheme.name}[/]: calibrating on {args.samples} x {args.seqlen} tokens of WikiText-2 validation")
+    rep = quantize_model(model, scheme, ids, device=args.device)
+    model.to("cpu")
+    q_bytes = decoder_bytes(model)
+    result = {"model": args.model, "scheme": scheme.to_dict(), "samples": args.samples, "seqlen": args.seqlen,
+              "quantize_seconds": round(rep.seconds, 1), "decoder_bytes_float": float_bytes, "decoder_bytes_quantized": q_bytes}
+    if args.out:
+        from lowbit.io import save_quantized
+
+        save_quantized(model, args.out, tok, extra={"calibration": {"samples": args.samples, "seqlen": args.seqlen}})
+        console.print(f"saved to {args.out}")
+    if args.eval_windows:
+        from lowbit.eval.kl import ReferenceTopK, kl_divergence, reference_topk
+
+        if args.reference and Path(args.reference).is_file():
+            ref = ReferenceTopK.load(args.reference)
+        else:
+            ref_model, _ = load_model(args.model)
+            if args.reference:
+                ref = reference_topk(ref_model, tok, seqlen=args.eval_seqlen, max_windows=args.eval_windows, k=128)
+                ref.save(args.reference)
+            else:
+                ref = ref_model
+        r = kl_divergence(ref, model, tok, seqlen=args.eval_seqlen, max_windows=args.eval_windows)
+        result.update({"ref_ppl": r.ref_ppl, "ppl": r.ppl, "ratio": r.ppl / r.ref_ppl, "mean_kl": r.mean_kl,
+                       "top1_agreement": r.top1_agreement, "kl_method": r.method, "eval_windows": r.n_windows,
+                       "eval_seqlen": args.eval_seqlen, "eval_tokens": r.n_tokens})
+    result["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    table = Table(title=f"{args.model}: float vs {scheme.name}")
+    table.add_column("")
+    table.add_column("float", justify="right")
+    table.add_column(scheme.name, justify="right")
+    if "ppl" in result:
+        table.add_row(f"WikiText-2 ppl ({result['eval_windows']} x {args.eval_seqlen})", f"{result['ref_ppl']:.3f}",
+                      f"{result['ppl']:.3f} ({result['ratio']:.3f}x)")
+        table.add_row(f"KL to float ({result['kl_method']})", "0", f"{result['mean_kl']:.4f}")
+        table.add_row("top-1 agreement", "1", f"{result['top1_agreement']:.3f}")
+    table.add_row("decoder weight bytes", f"{float_bytes:,}", f"{q_bytes:,} ({float_bytes / q_bytes:.2f}x smaller)")
+    table.add_row("quantize time (s)", "", f"{rep.seconds:.0f}")
+    console.print(table)
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write(json.dumps(result) + "\n")
+    return 0

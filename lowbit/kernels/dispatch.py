@@ -1,0 +1,97 @@
+"""Choose a kernel for a quantized linear by device and kind; ``LOWBIT_KERNEL`` or the
+``kernel`` argument forces one (``reference`` | ``cpu`` | ``triton``), and a forced kernel that
+cannot run here raises :class:`KernelError` saying why (never a silent fallback).
+
+``auto``: CUDA tensors → Triton for W4A4 (others: reference until GPU kernels exist);
+CPU tensors → the CPU fast path of the kind; anything else → reference.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from . import cpu_w4a4, cpu_w4a16, cpu_w8a8, cpu_w8a16, reference, triton_w4a4
+from .params import KernelError, LinearParams
+
+CHOICES = ("auto", "reference", "cpu", "triton")
+_CPU = {"w4a16": cpu_w4a16, "w8a16": cpu_w8a16, "w8a8": cpu_w8a8, "w4a4": cpu_w4a4}
+_TRITON = {"w4a4": triton_w4a4}
+
+
+def requested(kernel: str | None = None) -> str:
+    k = kernel or os.environ.get("LOWBIT_KERNEL", "auto") or "auto"
+    if k not in CHOICES:
+        raise KernelError(f"unknown kernel {k!r} (LOWBIT_KERNEL or argument); choose from {', '.join(CHOICES)}")
+    return k
+
+
+def choose(kind: str, device: torch.device | str, kernel: str | None = None) -> str:
+    """The kernel that will run ``kind`` on ``device`` (``reference`` | ``cpu`` | ``triton``)."""
+    dev = torch.device(device)
+    k = requested(kernel)
+    if k == "auto":
+        if dev.type == "cuda" and kind in _TRITON and triton_w4a4.available():
+            return "triton"
+        if dev.type == "cpu" and kind in _CPU and _CPU[kind].available():
+            return "cpu"
+        return "reference"
+    if k == "cpu":
+        if dev.type != "cpu":
+            raise KernelError(f"kernel 'cpu' forced but the tensors are on {dev}")
+        if kind not in _CPU or not _CPU[kind].available():
+            raise KernelError(f"no CPU fast path for {kind} in this torch build")
+    if k == "triton":
+        if kind not in _TRITON:
+            raise KernelError(f"no Triton kernel for {kind} (Triton kernels: {', '.join(_TRITON)})")
+        if not triton_w4a4.available():
+            raise KernelError("kernel 'triton' forced but triton is not installed")
+        if dev.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise KernelError(f"kernel 'triton' forced on {dev}: needs a CUDA device (or TRITON_INTERPRET=1 for tests)")
+    return k
+
+
+@dataclass
+class PreparedLinear:
+    """A linear ready for one kernel: ``__call__(x [t, in]) → [t, out]`` float32."""
+
+    kind: str
+    kernel: str
+    state: Any
+    fn: Callable[[torch.Tensor, Any], torch.Tensor]
+    in_features: int
+    out_features: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[1] != self.in_features:
+            raise ValueError(f"{self.kind} linear expects [tokens, {self.in_features}] input, got {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise TypeError(f"activations must be floating point, got {x.dtype}")
+        return self.fn(x, self.state)
+
+
+def prepare(p: LinearParams, device: torch.device | str = "cpu", kernel: str | None = None,
+            cpu_method: str | None = None) -> PreparedLinear:
+    """Convert ``p`` once into the layout the chosen kernel wants. ``cpu_method`` picks how the
+    W8A8/W4A4 CPU paths get their exact integer products: ``float`` (default) or ``int_mm``."""
+    k = choose(p.kind, device, kernel)
+    if k == "reference":
+        return PreparedLinear(p.kind, k, p.to(device), reference.linear, p.in_features, p.out_features)
+    mod = _CPU[p.kind] if k == "cpu" else _TRITON[p.kind]
+    if k == "triton":
+        state = mod.prepare(p, device)
+    elif cpu_method is not None and p.kind in ("w8a8", "w4a4"):
+        state = mod.prepare(p, cpu_method)
+        k = f"cpu:{cpu_method}"
+    else:
+        state = mod.prepare(p)
+        k = f"cpu:{state.method}" if hasattr(state, "method") else k
+    return PreparedLinear(p.kind, k, state, mod.run, p.in_features, p.out_features)
+
+
+def linear(x: torch.Tensor, p: LinearParams, kernel: str | None = None) -> torch.Tensor:
+    """One-shot convenience (prepares every call: use :func:`prepare` in loops)."""
+    return prepare(p, x.device, kernel)(x)

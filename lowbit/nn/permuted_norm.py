@@ -1,0 +1,25 @@
+"""A norm whose output channels come out reordered (Atom fuses the reorder into the norm).
+
+RMSNorm's statistic is invariant under a channel permutation, so permuting its *output* is the
+same as permuting the residual stream and the norm weight; the consumers (q/k/v, gate/up, a MoE
+router) get their weight columns permuted the same way, and the float result is unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class PermutedNorm(nn.Module):
+    def __init__(self, norm: nn.Module, perm: torch.Tensor):
+        super().__init__()
+        self.norm = norm
+        self.register_buffer("perm", perm.clone().long())
+
+    @property
+    def weight(self):  # so code that reads ``norm.weight`` keeps working
+        return self.norm.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x).index_select(-1, self.perm)

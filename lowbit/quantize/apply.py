@@ -1,0 +1,141 @@
+"""``quantize_model(model, scheme, calib_ids)``: one call applies a scheme, layer by layer.
+
+For every decoder layer: collect input statistics of its linears (float layer, inputs coming
+from the already-quantized layers before it), fold smoothing scales and the outlier
+permutation into the graph, quantize each linear (GPTQ or RTN) into a packed
+:class:`~lowbit.nn.QuantLinear`, then run the *quantized* layer to make the next layer's inputs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from lowbit.models.adapters import Adapter, InputGroup, get_adapter, get_path, set_path
+from lowbit.nn.kv_cache import PackedKVCache, install_kv_quantization
+from lowbit.nn.permuted_norm import PermutedNorm
+from lowbit.nn.quant_linear import QuantLinear
+
+from .calibrate import InputStats, capture_layer_inputs, collect_stats, run_layer
+from .outliers import outlier_permutation
+from .scheme import Scheme
+from .smooth import fold_into_norm, smooth_scales
+from .weights import QuantizedWeight, gptq, rtn, split_rows
+
+
+@dataclass
+class QuantizeReport:
+    scheme: Scheme
+    n_samples: int
+    seqlen: int
+    seconds: float
+    layers: int
+    permutations: dict[str, list[int]] = field(default_factory=dict)
+
+
+def _check_ids(ids: torch.Tensor | None, needed: bool) -> None:
+    if not needed:
+        return
+    if ids is None or not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.numel() == 0:
+        raise ValueError("calibration ids must be a non-empty [n_samples, seqlen] integer tensor")
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"calibration ids must be integer token ids, got {ids.dtype}")
+
+
+def quantize_model(model: nn.Module, scheme: Scheme, calib_ids: torch.Tensor | None, *, device: str = "cpu",
+                   batch_size: int = 1, progress: bool = True, permute_only: bool = False) -> QuantizeReport:
+    """Quantize ``model`` in place. ``permute_only`` applies only the outlier reordering (float
+    weights, no quantization): the result must compute the same function (a test checks it)."""
+    adapter = get_adapter(model)
+    needs_linears = scheme.weights.enabled or scheme.activations.enabled or permute_only
+    _check_ids(calib_ids, needs_linears)
+    t0 = time.perf_counter()
+    adapter.prepare(model)
+    report = QuantizeReport(scheme, 0 if calib_ids is None else calib_ids.shape[0],
+                            0 if calib_ids is None else calib_ids.shape[1], 0.0, 0)
+    layers = adapter.layers(model)
+    if needs_linears:
+        orig_device = next(model.parameters()).device
+        model.to(device)
+        inputs, kwargs = capture_layer_inputs(model, layers, calib_ids, device, batch_size)
+        make_cache = None
+        if scheme.kv_cache.enabled and not permute_only:
+            make_cache = lambda: PackedKVCache(model.config, scheme.kv_cache.bits, scheme.kv_cache.symmetric)  # noqa: E731
+        for i, layer in enumerate(tqdm(layers, desc=f"quantize {scheme.name}", disable=not progress)):
+            groups = adapter.groups(layer)
+            names = [n for g in groups for n in g.linears]
+            stats = collect_stats(layer, names, inputs, kwargs)
+            for g in groups:
+                perm = _quantize_group(layer, adapter, g, stats, scheme, permute_only)
+                if perm is not None:
+                    report.permutations[f"layers.{i}.{g.linears[0]}"] = perm.tolist()
+            inputs = run_layer(layer, inputs, kwargs, make_cache)
+        model.to(orig_device)
+        report.layers = len(layers)
+    if scheme.kv_cache.enabled and not permute_only:
+        install_kv_quantization(model, scheme.kv_cache.bits, scheme.kv_cache.symmetric)
+    model.lowbit_scheme = scheme
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _quantize_group(layer: nn.Module, adapter: Adapter, group: InputGroup, stats: dict[str, InputStats],
+                    scheme: Scheme, permute_only: bool) -> torch.Tensor | None:
+    mods = [get_path(layer, p) for p in group.linears]
+    members = [stats[p] for p in group.linears]
+    n_in = mods[0].in_features
+    xtx = [s.xtx.clone() for s in members]
+    sqsum = torch.stack([torch.diag(h) for h in xtx]).sum(0)
+    if not permute_only and scheme.smooth.enabled and group.norm is not None:
+        amax = torch.stack([s.amax for s in members]).amax(0)
+        s = smooth_scales(amax, [m.weight for m in mods], scheme.smooth.alpha)
+        fold_into_norm(get_path(layer, group.norm).weight, s, adapter.norm_offset)
+        with torch.no_grad():
+            for m in mods:
+                m.weight.mul_(s[None, :].to(m.weight.dtype))
+            for p in group.extra:
+                get_path(layer, p).mul_(s[None, :])
+        xtx = [h / s[:, None] / s[None, :] for h in xtx]
+        sqsum = sqsum / s.pow(2)
+    k = scheme.outliers.k_for(n_in)
+    perm = outlier_permutation(sqsum, k) if k else None
+    input_perm = None
+    if perm is not None:
+        if group.norm is not None:
+            set_path(layer, group.norm, PermutedNorm(get_path(layer, group.norm), perm))
+            with torch.no_grad():
+                for p in group.extra:
+                    w = get_path(layer, p)
+                    w.copy_(w[:, perm])
+        else:
+            input_perm = perm
+        xtx = [h[perm][:, perm] for h in xtx]
+    weights = [m.weight.detach().float() if perm is None else m.weight.detach().float()[:, perm] for m in mods]
+    quantized = _quantize_weights(weights, xtx, scheme, k, shared_input=group.norm is not None and not adapter.is_moe) \
+        if scheme.weights.enabled and not permute_only else [None] * len(mods)
+    for path, m, w, qw in zip(group.linears, mods, weights, quantized):
+        if permute_only or not scheme.weights.enabled:
+            if not permute_only and not scheme.activations.enabled:
+                continue
+            act = None if permute_only else scheme.activations
+            new = QuantLinear.from_float(w, act, input_perm, m.bias, k, scheme.outliers.precision)
+        else:
+            new = QuantLinear.from_quantized(qw, scheme.activations, input_perm, m.bias, scheme.outliers.precision)
+        set_path(layer, path, new)
+    return perm
+
+
+def _quantize_weights(weights: list[torch.Tensor], xtx: list[torch.Tensor], scheme: Scheme, k: int,
+                      shared_input: bool) -> list[QuantizedWeight]:
+    """GPTQ or RTN for each weight; weights that read one input are stacked into one sweep."""
+    prec = scheme.outliers.precision
+    if not scheme.gptq.enabled:
+        return [rtn(w, scheme.weights, k, prec) for w in weights]
+    if shared_input and len(weights) > 1:
+        qw = gptq(torch.cat(weights, dim=0), xtx[0], scheme.weights, scheme.gptq, k, prec)
+        return split_rows(qw, [w.shape[0] for w in weights])
+    return [gptq(w, h, scheme.weights, scheme.gptq, k, prec) for w, h in zip(weights, xtx)]

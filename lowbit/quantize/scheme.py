@@ -1,0 +1,206 @@
+"""Quantization schemes as data: small frozen dataclasses that round-trip through JSON.
+
+A scheme says *what* to do (bits, groups, outliers, KV cache, GPTQ, smoothing); the code in
+this package says *how*. Keeping it data means a checkpoint records exactly the recipe that
+made it, and a preset is just a named value (like compressed-tensors' QuantizationArgs or
+torchao's configs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+FORMATS = ("int", "fp4")
+OUTLIER_PRECISIONS = ("int8", "fp16")
+OUTLIER_METRICS = ("sqsum",)
+
+
+class SchemeError(ValueError):
+    """A scheme (or its JSON) is invalid; the message names the field."""
+
+
+def _check_bits(where: str, bits: int, allowed: tuple[int, ...]) -> None:
+    if isinstance(bits, bool) or not isinstance(bits, int) or bits not in allowed:
+        raise SchemeError(f"{where}.bits must be one of {allowed}, got {bits!r}")
+
+
+def _check_group(where: str, g: int) -> None:
+    if isinstance(g, bool) or not isinstance(g, int) or g < 0:
+        raise SchemeError(f"{where}.group_size must be an integer >= 0 (0 = whole row), got {g!r}")
+
+
+def _check_clip(where: str, c: float) -> None:
+    if not isinstance(c, (int, float)) or not 0.0 < float(c) <= 1.0:
+        raise SchemeError(f"{where}.clip_ratio must be in (0, 1], got {c!r}")
+
+
+@dataclass(frozen=True)
+class WeightArgs:
+    """Weights: ``bits`` 16 means "leave float". group_size 0 = one scale per output row."""
+
+    bits: int = 16
+    group_size: int = 128
+    symmetric: bool = True
+    clip_ratio: float = 1.0
+    clip_search: bool = False  # per row and group, try ratios down to 0.75 and keep the best MSE
+    format: str = "int"
+
+    def __post_init__(self):
+        _check_bits("weights", self.bits, (2, 3, 4, 5, 6, 8, 16))
+        _check_group("weights", self.group_size)
+        _check_clip("weights", self.clip_ratio)
+        if self.format not in FORMATS:
+            raise SchemeError(f"weights.format must be one of {FORMATS}, got {self.format!r}")
+        if self.format == "fp4" and self.bits != 4:
+            raise SchemeError("weights.format 'fp4' needs bits=4")
+
+    @property
+    def enabled(self) -> bool:
+        return self.bits < 16
+
+
+@dataclass(frozen=True)
+class ActArgs:
+    """Activations, quantized dynamically per token (scales from each token's own values)."""
+
+    bits: int = 16
+    group_size: int = 128
+    symmetric: bool = True
+    clip_ratio: float = 1.0
+    format: str = "int"
+    dynamic: bool = True
+
+    def __post_init__(self):
+        _check_bits("activations", self.bits, (2, 3, 4, 5, 6, 8, 16))
+        _check_group("activations", self.group_size)
+        _check_clip("activations", self.clip_ratio)
+        if self.format not in FORMATS:
+            raise SchemeError(f"activations.format must be one of {FORMATS}, got {self.format!r}")
+        if self.format == "fp4" and self.bits != 4:
+            raise SchemeError("activations.format 'fp4' needs bits=4")
+        if not self.dynamic:
+            raise SchemeError("activations.dynamic=False (static scales) is not implemented; use dynamic per-token")
+
+    @property
+    def enabled(self) -> bool:
+        return self.bits < 16
+
+
+@dataclass(frozen=True)
+class OutlierArgs:
+    """The ``count`` input channels with the largest activation square-sum stay in higher precision."""
+
+    count: int = 0
+    precision: str = "int8"
+    metric: str = "sqsum"
+    max_fraction: float = 0.125  # never more than this share of an input's channels (narrow models)
+
+    def k_for(self, n_in: int) -> int:
+        return min(self.count, int(n_in * self.max_fraction))
+
+    def __post_init__(self):
+        if not isinstance(self.max_fraction, (int, float)) or not 0.0 < float(self.max_fraction) <= 1.0:
+            raise SchemeError(f"outliers.max_fraction must be in (0, 1], got {self.max_fraction!r}")
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 0:
+            raise SchemeError(f"outliers.count must be an integer >= 0, got {self.count!r}")
+        if self.precision not in OUTLIER_PRECISIONS:
+            raise SchemeError(f"outliers.precision must be one of {OUTLIER_PRECISIONS}, got {self.precision!r}")
+        if self.metric not in OUTLIER_METRICS:
+            raise SchemeError(f"outliers.metric must be one of {OUTLIER_METRICS}, got {self.metric!r}")
+
+
+@dataclass(frozen=True)
+class KVArgs:
+    """KV cache: one scale (and zero point) per token per head; any head_dim."""
+
+    bits: int = 16
+    symmetric: bool = False
+
+    def __post_init__(self):
+        _check_bits("kv_cache", self.bits, (2, 3, 4, 8, 16))
+
+    @property
+    def enabled(self) -> bool:
+        return self.bits < 16
+
+
+@dataclass(frozen=True)
+class GPTQArgs:
+    enabled: bool = False
+    damp: float = 0.01
+    block_size: int = 128
+    act_order: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.damp, (int, float)) or not 0.0 <= float(self.damp) < 1.0:
+            raise SchemeError(f"gptq.damp must be in [0, 1), got {self.damp!r}")
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size <= 0:
+            raise SchemeError(f"gptq.block_size must be a positive integer, got {self.block_size!r}")
+
+
+@dataclass(frozen=True)
+class SmoothArgs:
+    """SmoothQuant: move activation range into weights by ``s = max|X|^a / max|W|^(1-a)``."""
+
+    enabled: bool = False
+    alpha: float = 0.5
+
+    def __post_init__(self):
+        if not isinstance(self.alpha, (int, float)) or not 0.0 <= float(self.alpha) <= 1.0:
+            raise SchemeError(f"smooth.alpha must be in [0, 1], got {self.alpha!r}")
+
+
+_PARTS = {
+    "weights": WeightArgs,
+    "activations": ActArgs,
+    "outliers": OutlierArgs,
+    "kv_cache": KVArgs,
+    "gptq": GPTQArgs,
+    "smooth": SmoothArgs,
+}
+
+
+@dataclass(frozen=True)
+class Scheme:
+    name: str = "custom"
+    weights: WeightArgs = field(default_factory=WeightArgs)
+    activations: ActArgs = field(default_factory=ActArgs)
+    outliers: OutlierArgs = field(default_factory=OutlierArgs)
+    kv_cache: KVArgs = field(default_factory=KVArgs)
+    gptq: GPTQArgs = field(default_factory=GPTQArgs)
+    smooth: SmoothArgs = field(default_factory=SmoothArgs)
+
+    def __post_init__(self):
+        if self.outliers.count and not self.weights.enabled and not self.activations.enabled:
+            raise SchemeError("outliers need quantized weights or activations")
+        if self.gptq.enabled and not self.weights.enabled:
+            raise SchemeError("gptq needs quantized weights (weights.bits < 16)")
+        if self.gptq.act_order and self.outliers.count:
+            raise SchemeError("gptq.act_order and outlier reordering both fix the column order; pick one")
+
+    def with_(self, **parts: Any) -> "Scheme":
+        """A copy with some parts replaced, e.g. ``s.with_(kv_cache=KVArgs(bits=4))``."""
+        return replace(self, **parts)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Scheme":
+        if not isinstance(d, dict):
+            raise SchemeError(f"a scheme must be a JSON object, got {type(d).__name__}")
+        unknown = set(d) - {"name", *_PARTS}
+        if unknown:
+            raise SchemeError(f"unknown scheme field(s): {sorted(unknown)}")
+        kw: dict[str, Any] = {"name": str(d.get("name", "custom"))}
+        for key, typ in _PARTS.items():
+            part = d.get(key, {})
+            if not isinstance(part, dict):
+                raise SchemeError(f"{key} must be an object, got {part!r}")
+            names = {f.name for f in fields(typ)}
+            bad = set(part) - names
+            if bad:
+                raise SchemeError(f"unknown field(s) in {key}: {sorted(bad)}; known: {sorted(names)}")
+            kw[key] = typ(**part)
+        return cls(**kw)

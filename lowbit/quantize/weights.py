@@ -1,0 +1,192 @@
+"""Weight quantization of one linear layer: round-to-nearest or GPTQ, in groups, with the
+last ``k`` input columns (the reordered outlier channels) kept in INT8 or FP16.
+
+GPTQ (Frantar et al.) quantizes one column at a time and spreads each column's rounding error
+over the columns not yet quantized, weighted by the inverse Hessian ``H = XᵀX`` of the layer's
+inputs. Groups get their scales when the sweep reaches their first column, from the already
+error-corrected values, with an optional per-row clipping search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .grids import CLIP_SEARCH, Grid, from_groups, n_groups, to_groups
+from .scheme import GPTQArgs, WeightArgs
+
+INT8 = Grid(8, True, "int", torch.float16)
+
+
+@dataclass
+class QuantizedWeight:
+    """Codes and scales of a ``[out, in]`` weight whose last ``n_outliers`` columns are outliers."""
+
+    codes: torch.Tensor  # uint8 [out, n_normal], unsigned codes
+    scale: torch.Tensor  # float32 holding fp16 values [out, n_groups]
+    zero: torch.Tensor | None  # int32 [out, n_groups] (asymmetric only)
+    outlier: torch.Tensor  # int8 codes [out, k] (int8) or fp16 values (fp16)
+    outlier_scale: torch.Tensor | None  # float32 holding fp16 values [out] (int8 only)
+    grid: Grid
+    group: int
+
+    @property
+    def n_outliers(self) -> int:
+        return self.outlier.shape[1]
+
+    def dequantize(self) -> torch.Tensor:
+        out, n = self.codes.shape
+        g = self.group or n
+        blocks = to_groups(self.codes, g)
+        s = self.scale.reshape(-1)
+        z = self.zero.reshape(-1) if self.zero is not None else None
+        normal = from_groups(self.grid.decode(blocks, s, z), out, n) if n else self.codes.new_zeros(out, 0).float()
+        return torch.cat([normal, dequantize_outliers(self.outlier, self.outlier_scale)], dim=1)
+
+
+def split_rows(qw: QuantizedWeight, sizes: list[int]) -> list[QuantizedWeight]:
+    """Undo stacking several weights' rows (linears that share an input share GPTQ's Hessian,
+    and GPTQ treats rows independently, so they can be quantized in one sweep)."""
+    out, start = [], 0
+    for n in sizes:
+        sl = slice(start, start + n)
+        out.append(QuantizedWeight(qw.codes[sl], qw.scale[sl], qw.zero[sl] if qw.zero is not None else None,
+                                   qw.outlier[sl], qw.outlier_scale[sl] if qw.outlier_scale is not None else None,
+                                   qw.grid, qw.group))
+        start += n
+    return out
+
+
+def dequantize_outliers(outlier: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    if scale is None:
+        return outlier.float()
+    return outlier.float() * scale.float()[:, None]
+
+
+def weight_grid(args: WeightArgs) -> Grid:
+    return Grid(args.bits, args.symmetric, args.format, torch.float16)
+
+
+def _fit(grid: Grid, blocks: torch.Tensor, args: WeightArgs):
+    if args.clip_search:
+        ratios = tuple(r * args.clip_ratio for r in CLIP_SEARCH)
+        return grid.fit_search(blocks, ratios)
+    return grid.fit(blocks, args.clip_ratio)
+
+
+def _quantize_outliers(cols: torch.Tensor, precision: str):
+    if precision == "fp16":
+        return cols.half(), None
+    s, _ = INT8.fit(cols)
+    codes = INT8.encode(cols, s, None)
+    return (codes.to(torch.int16) - 128).to(torch.int8), s
+
+
+def rtn(w: torch.Tensor, args: WeightArgs, n_outliers: int = 0, outlier_precision: str = "int8") -> QuantizedWeight:
+    """Round-to-nearest in groups along the input dim."""
+    w = w.float()
+    out, n_in = w.shape
+    n = n_in - n_outliers
+    grid, g = weight_grid(args), args.group_size or n
+    normal = w[:, :n]
+    if n:
+        blocks = to_groups(normal, g)
+        s, z = _fit(grid, blocks, args)
+        codes = from_groups(grid.encode(blocks, s, z), out, n)
+        scale = s.reshape(out, -1)
+        zero = z.reshape(out, -1) if z is not None else None
+    else:
+        codes, scale, zero = w.new_zeros(out, 0, dtype=torch.uint8), w.new_zeros(out, 0), None
+    oc, os_ = _quantize_outliers(w[:, n:], outlier_precision)
+    return QuantizedWeight(codes, scale, zero, oc, os_, grid, args.group_size)
+
+
+def _prepare_hessian(h: torch.Tensor, w: torch.Tensor, damp: float) -> torch.Tensor:
+    h = h.clone().double()
+    dead = torch.diag(h) == 0
+    h[dead, dead] = 1.0
+    w[:, dead] = 0.0
+    mean_diag = torch.diag(h).mean()
+    h += damp * mean_diag * torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
+    try:
+        l = torch.linalg.cholesky(h)
+    except RuntimeError:  # not positive definite: damp harder once
+        h += 0.1 * mean_diag * torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
+        l = torch.linalg.cholesky(h)
+    hinv = torch.cholesky_inverse(l)
+    return torch.linalg.cholesky(hinv, upper=True).float()
+
+
+def gptq(w: torch.Tensor, h: torch.Tensor, args: WeightArgs, gargs: GPTQArgs, n_outliers: int = 0,
+         outlier_precision: str = "int8") -> QuantizedWeight:
+    """GPTQ with groups of ``args.group_size``; ``h`` is ``XᵀX`` of the inputs (same column order as ``w``)."""
+    w = w.float().clone()
+    out, n_in = w.shape
+    if h.shape != (n_in, n_in):
+        raise ValueError(f"Hessian shape {tuple(h.shape)} does not match weight input dim {n_in}")
+    n = n_in - n_outliers
+    grid, g = weight_grid(args), args.group_size or max(n, 1)
+    ng = n_groups(n, g)
+    order = None
+    if gargs.act_order:
+        if n_outliers:
+            raise ValueError("act_order cannot be combined with outlier columns")
+        order = torch.argsort(torch.diag(h), descending=True)
+        # static groups: scales from the original weights, before any error feedback
+        static = [_fit(grid, w[:, i * g:(i + 1) * g], args) for i in range(ng)]
+        w, h = w[:, order], h[order][:, order]
+    u = _prepare_hessian(h, w, gargs.damp)
+    codes = torch.zeros(out, n, dtype=torch.uint8, device=w.device)
+    scale = torch.zeros(out, ng, device=w.device)
+    zero = torch.zeros(out, ng, dtype=torch.int32, device=w.device) if not args.symmetric and args.format == "int" else None
+    ocodes = []
+    cur = (None, None)
+    o_scale = None
+    bs = gargs.block_size
+    for i1 in range(0, n_in, bs):
+        i2 = min(i1 + bs, n_in)
+        w1 = w[:, i1:i2].clone()
+        err1 = torch.zeros_like(w1)
+        u1 = u[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            col = i1 + i
+            x = w1[:, i]
+            if col < n:
+                orig = int(order[col]) if order is not None else col
+                gi = orig // g
+                if order is not None:
+                    cur = static[gi]
+                elif col % g == 0:
+                    span = torch.cat([w1[:, i:], w[:, i2:]], dim=1)[:, : min(g, n - col)]
+                    cur = _fit(grid, span, args)
+                s, z = cur
+                c, q = grid.qdq_fast(x[:, None], s, z)
+                q = q[:, 0]
+                codes[:, orig] = c[:, 0]
+                scale[:, gi] = s
+                if zero is not None:
+                    zero[:, gi] = z
+            else:
+                if col == n and outlier_precision == "int8":
+                    span = torch.cat([w1[:, i:], w[:, i2:]], dim=1)
+                    o_scale, _ = INT8.fit(span)
+                if outlier_precision == "int8":
+                    c, q = INT8.qdq_fast(x[:, None], o_scale, None)
+                    q = q[:, 0]
+                    ocodes.append((c[:, 0].to(torch.int16) - 128).to(torch.int8))
+                else:
+                    q = x.half().float()
+                    ocodes.append(x.half())
+            e = (x - q) / u1[i, i]
+            w1[:, i:] -= e[:, None] * u1[i, i:][None, :]
+            err1[:, i] = e
+        w[:, i2:] -= err1 @ u[i1:i2, i2:]
+    if ocodes:
+        outlier = torch.stack(ocodes, dim=1)
+    else:
+        outlier = w.new_zeros(out, 0, dtype=torch.int8 if outlier_precision == "int8" else torch.float16)
+        o_scale = w.new_zeros(out) if outlier_precision == "int8" else None
+    if outlier_precision == "fp16":
+        o_scale = None
+    return QuantizedWeight(codes, scale, zero, outlier, o_scale, grid, args.group_size)

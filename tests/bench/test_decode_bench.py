@@ -1,0 +1,54 @@
+"""``lowbit bench decode``: byte accounting helpers, argument errors, and one small real run."""
+
+import json
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from lowbit.bench.decode import PeakRSS, kv_bytes
+from lowbit.cli import main
+
+
+def test_kv_bytes_of_dynamic_and_packed_caches():
+    from lowbit.nn.kv_cache import PackedKVCache
+    from tests.tiny import tiny_llama
+
+    cfg = tiny_llama(vocab_size=64).config
+    k = torch.randn(2, cfg.num_key_value_heads, 5, cfg.hidden_size // cfg.num_attention_heads)
+    dyn, packed = DynamicCache(config=cfg), PackedKVCache(cfg, 4, False)
+    for i in range(cfg.num_hidden_layers):
+        dyn.update(k, k, i)
+        packed.update(k, k, i)
+    assert kv_bytes(dyn) == 2 * cfg.num_hidden_layers * k.numel() * 4
+    assert kv_bytes(packed) == packed.nbytes() < kv_bytes(dyn) / 4
+
+
+def test_peak_rss_sees_an_allocation():
+    with PeakRSS() as mem:
+        x = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MiB, touched
+        x.add_(1)
+        import time
+        time.sleep(0.05)
+        del x
+    assert mem.peak - mem.base > 32 << 20
+
+
+def test_bad_arguments(tmp_path):
+    assert main(["bench", "decode", "--formats", "w2a2", "--out", str(tmp_path)]) == 2
+    assert main(["bench", "decode", "--new", "1", "--out", str(tmp_path)]) == 2
+
+
+@pytest.mark.model
+def test_decode_small_real_run(tmp_path):
+    # w4a16 with RTN quantizes in seconds (the W4A4 presets' clipping search takes minutes on 2 cores)
+    rc = main(["bench", "decode", "--formats", "fp32,w4a16", "--batches", "2", "--prompt", "8", "--new", "3",
+               "--repeats", "1", "--calib", "1x32", "--out", str(tmp_path)])
+    assert rc == 0
+    rows = json.loads((tmp_path / "decode.json").read_text())["rows"]
+    fp, q = rows
+    assert q["kernels"].get("w4a16:cpu", 0) > 0  # the kernels really ran
+    assert q["layer_weight_vs_fp16"] < 0.3 and fp["layer_weight_vs_fp16"] == pytest.approx(2.0, rel=0.01)
+    assert fp["kv_vs_fp16"] == pytest.approx(2.0) and fp["kv_bytes"] == q["kv_bytes"]
+    assert all(r["decode_tok_s"] > 0 and r["peak_mem_bytes"] > 0 for r in rows)
+    assert (tmp_path / "decode.png").stat().st_size > 0

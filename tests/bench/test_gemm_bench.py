@@ -1,0 +1,55 @@
+"""``lowbit bench gemm``: shape parsing, roofline arithmetic, and a tiny end-to-end run."""
+
+import json
+
+import pytest
+
+from lowbit.bench.gemm import _finish, parse_shapes, tensor_bytes
+from lowbit.cli import main
+
+
+def test_parse_shapes():
+    assert parse_shapes("256x64") == [("256x64", 256, 64)]
+    assert [s[1:] for s in parse_shapes("llama7b")] == [(4096, 4096), (4096, 11008), (11008, 4096)]
+    for bad in ("", "12xq", "0x5", "gpt5"):
+        with pytest.raises(ValueError):
+            parse_shapes(bad)
+
+
+def test_roofline_and_speedups():
+    rows = [{"shape": "s", "batch": 1, "kernel": k, "ms": ms, "bytes": b, "ops": 2e6}
+            for k, ms, b in [("fp32", 4.0, 4e6), ("bf16", 2.0, 2e6), ("w4a16", 1.0, 0.5e6)]]
+    _finish(rows, copy_bw=1e9)  # 1 GB/s; peak = 2e6 ops / 2 ms = 1e9 op/s
+    w4 = rows[2]
+    assert w4["x_vs_bf16"] == pytest.approx(2.0) and w4["x_vs_fp32"] == pytest.approx(4.0)
+    assert w4["roofline_ms"] == pytest.approx(2.0)  # compute: 2e6 / 1e9 s > 0.5e6 B / 1e9 B/s
+    assert w4["bound_by"] == "compute" and w4["of_roofline"] == pytest.approx(2.0)
+    assert rows[0]["bound_by"] == "memory" and rows[0]["roofline_ms"] == pytest.approx(4.0)
+
+
+def test_tensor_bytes_counts_dataclass_tensors():
+    import torch
+
+    from lowbit.kernels import cpu_w4a16, from_float
+
+    st = cpu_w4a16.prepare(from_float(torch.randn(32, 256), "w4a16"))
+    assert tensor_bytes(st) == 32 * 256 // 2 + 2 * 32 * 2 * 2  # int4 nibbles + [groups, out, 2] bf16
+
+
+def test_gemm_end_to_end(tmp_path):
+    out = tmp_path / "g"
+    rc = main(["bench", "gemm", "--shapes", "256x48", "--batches", "1,3", "--kernels", "fp32,bf16,w4a16,w8a8,w4a4,w4a4@int_mm",
+               "--repeats", "1", "--threads", "1", "--out", str(out)])
+    assert rc == 0
+    data = json.loads((out / "gemm.json").read_text())
+    rows = data["rows"]
+    assert len(rows) == 12 and (out / "gemm.png").stat().st_size > 0 and (out / "gemm.csv").exists()
+    assert {r["impl"] for r in rows if r["kernel"].startswith("w4a4")} == {"cpu:float", "cpu:int_mm"}
+    for r in rows:
+        assert r["ms"] > 0 and r["roofline_ms"] > 0 and r["x_vs_bf16"] > 0
+        assert r["weight_bytes"] > 0 and r["bytes"] > r["weight_bytes"]
+
+
+def test_gemm_bad_arguments(tmp_path):
+    assert main(["bench", "gemm", "--kernels", "w9a9", "--out", str(tmp_path)]) == 2
+    assert main(["bench", "gemm", "--shapes", "huge", "--out", str(tmp_path)]) == 2

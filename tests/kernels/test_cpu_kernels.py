@@ -1,0 +1,75 @@
+"""Every CPU fast path against the reference, with the bound its arithmetic allows.
+
+Integer kinds (W8A8, W4A4): integer products are exact, so they are compared with the float64
+integer reference; the only error is float32 rescale/accumulation: |Δ| ≤ (n_groups + 3)·2^-24·
+Σ|terms|. bf16 kinds (W4A16, W8A16): input and output are rounded to bf16 (8 significant
+bits), so |Δ| ≤ 2^-7·Σ|x||w| against the float32 reference.
+"""
+
+import pytest
+import torch
+
+from lowbit.kernels import cpu_w4a4, cpu_w4a16, cpu_w8a8, cpu_w8a16, from_float, reference
+from lowbit.kernels.params import KernelError
+
+SHAPES = [(1, 40, 256), (5, 64, 576), (17, 33, 200), (0, 16, 128)]
+
+
+def _case(t, out, n_in, kind, **kw):
+    torch.manual_seed(t * 1000 + out)
+    w = torch.randn(out, n_in)
+    x = torch.randn(t, n_in) * 3
+    return x, from_float(w, kind, bias=torch.randn(out), **kw)
+
+
+@pytest.mark.parametrize("t,out,n_in", SHAPES)
+@pytest.mark.parametrize("kind,mod,group", [("w4a16", cpu_w4a16, 128), ("w4a16", cpu_w4a16, 64), ("w8a16", cpu_w8a16, 0)])
+def test_bf16_paths_within_bound(t, out, n_in, kind, mod, group):
+    x, p = _case(t, out, n_in, kind, group=group)
+    y = mod.run(x, mod.prepare(p))
+    ref = reference.linear(x, p)
+    assert y.shape == (t, out) and y.dtype == torch.float32
+    mag = x.abs() @ p.dequantize().abs().t() + p.bias.abs()
+    assert torch.all((y - ref).abs() <= 2.0 ** -7 * mag + 1e-6)
+
+
+@pytest.mark.parametrize("t,out,n_in", SHAPES)
+@pytest.mark.parametrize("kind,mod,k", [("w8a8", cpu_w8a8, 0), ("w4a4", cpu_w4a4, 0), ("w4a4", cpu_w4a4, 32)])
+@pytest.mark.parametrize("method", ["float", "int_mm"])
+def test_integer_paths_exact_up_to_fp32_rescale(t, out, n_in, kind, mod, k, method):
+    x, p = _case(t, out, n_in, kind, n_outliers=k, act_clip=0.9)
+    y = mod.run(x, mod.prepare(p, method))
+    y64, mag = reference.integer_reference(x, p)
+    ng = p.scale.shape[1]
+    assert torch.all((y.double() - y64).abs() <= (ng + 3) * 2.0 ** -24 * mag + 1e-12)
+    # and the float32 dequantize-then-matmul reference agrees to float32 accuracy
+    assert torch.allclose(y, reference.linear(x, p), rtol=1e-4, atol=1e-4 * (float(mag.max()) if t else 1.0))
+
+
+@pytest.mark.parametrize("kind,mod,k,n_in", [("w8a8", cpu_w8a8, 0, 2500), ("w4a4", cpu_w4a4, 1100, 1300),
+                                             ("w4a4", cpu_w4a4, 32, 576)])
+def test_float_method_is_bit_identical_to_int_mm(kind, mod, k, n_in):
+    """float32 SGEMM on integer operands is exact below 2^24: same bits as _int_mm."""
+    x, p = _case(4, 24, n_in, kind, n_outliers=k)
+    x = x * 50  # large activations: the int8 outlier sums need the 1024-channel chunking
+    assert torch.equal(mod.run(x, mod.prepare(p, "float")), mod.run(x, mod.prepare(p, "int_mm")))
+
+
+def test_w4a4_ragged_group_is_padded_not_dropped():
+    x, p = _case(3, 16, 160, "w4a4", n_outliers=0)  # 160 = 128 + a ragged group of 32
+    y64, _ = reference.integer_reference(x, p)
+    y = cpu_w4a4.run(x, cpu_w4a4.prepare(p))
+    assert torch.allclose(y.double(), y64, rtol=1e-5, atol=1e-4)
+
+
+def test_prepare_rejects_wrong_layouts():
+    _, p4 = _case(2, 16, 256, "w4a4", n_outliers=32)
+    with pytest.raises(KernelError):
+        cpu_w4a16.prepare(p4)
+    with pytest.raises(KernelError):
+        cpu_w8a8.prepare(p4)
+    with pytest.raises(KernelError, match="method"):
+        cpu_w4a4.prepare(p4, "vnni")
+    _, p = _case(2, 16, 96, "w4a16", group=96)
+    with pytest.raises(KernelError, match="group size"):
+        cpu_w4a16.prepare(p)

@@ -1,0 +1,58 @@
+"""Kernel choice by device, forcing by argument or LOWBIT_KERNEL, and clear errors."""
+
+import pytest
+import torch
+
+from lowbit.kernels import KernelError, choose, from_float, linear, prepare, reference
+from lowbit.kernels import triton_w4a4
+
+
+def test_auto_on_cpu_picks_cpu_fast_paths():
+    for kind in ("w4a16", "w8a16", "w8a8", "w4a4"):
+        assert choose(kind, "cpu") == "cpu"
+
+
+def test_auto_on_cuda_picks_triton_for_w4a4():
+    expect = "triton" if triton_w4a4.available() else "reference"
+    assert choose("w4a4", "cuda") == expect
+    assert choose("w4a16", "cuda") == "reference"
+
+
+def test_env_forces_reference(monkeypatch):
+    monkeypatch.setenv("LOWBIT_KERNEL", "reference")
+    p = from_float(torch.randn(16, 128), "w4a4")
+    pl = prepare(p, "cpu")
+    x = torch.randn(3, 128)
+    assert pl.kernel == "reference"
+    assert torch.equal(pl(x), reference.linear(x, p))
+    assert prepare(p, "cpu", kernel="cpu").kernel == "cpu:float"  # the argument wins over the env
+    assert prepare(p, "cpu", kernel="cpu", cpu_method="int_mm").kernel == "cpu:int_mm"
+
+
+def test_forced_kernel_that_cannot_run_raises(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(KernelError, match="triton"):
+        choose("w4a4", "cpu", "triton")
+    with pytest.raises(KernelError, match="no Triton kernel"):
+        choose("w8a16", "cpu", "triton")
+    with pytest.raises(KernelError, match="tensors are on"):
+        choose("w4a4", "cuda", "cpu")
+    monkeypatch.setenv("LOWBIT_KERNEL", "fastest")
+    with pytest.raises(KernelError, match="unknown kernel"):
+        choose("w4a4", "cpu")
+
+
+def test_prepared_linear_checks_input():
+    pl = prepare(from_float(torch.randn(16, 128), "w8a8"), "cpu")
+    with pytest.raises(ValueError, match="expects"):
+        pl(torch.randn(3, 64))
+    with pytest.raises(TypeError, match="floating"):
+        pl(torch.ones(3, 128, dtype=torch.int64))
+    with pytest.raises(KernelError, match="unknown kernel kind"):
+        from_float(torch.randn(16, 128), "w2a2")
+
+
+def test_linear_one_shot_matches_prepared():
+    p = from_float(torch.randn(24, 256), "w4a16")
+    x = torch.randn(2, 256)
+    assert torch.equal(linear(x, p), prepare(p, "cpu")(x))
