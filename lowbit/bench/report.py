@@ -5,8 +5,9 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 from pathlib import Path
+
+from lowbit.io.atomic import atomic_path, write_text
 
 
 def fmt_bytes(n: float) -> str:
@@ -18,10 +19,7 @@ def fmt_bytes(n: float) -> str:
 
 
 def atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_text(path, text)
 
 
 def write_json(path: Path, obj) -> None:
@@ -38,7 +36,5 @@ def write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def save_figure(fig, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + f".tmp{os.getpid()}" + path.suffix)
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight", format=Path(path).suffix.lstrip(".") or "png")

@@ -47,11 +47,10 @@ def load_table(path: Path | None = None) -> dict:
 
 def save_table(entries: dict, meta: dict, path: Path | None = None) -> Path:
     """Write atomically (temp file in the same folder, then os.replace)."""
+    from lowbit.io.atomic import write_text
+
     p = path or default_table_path()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"meta": meta, "entries": entries}, indent=2, sort_keys=True))
-    os.replace(tmp, p)
+    write_text(p, json.dumps({"meta": meta, "entries": entries}, indent=2, sort_keys=True))
     return p
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -71,17 +70,11 @@ class ReferenceTopK:
         """Write as safetensors, atomically."""
         from safetensors.torch import save_file
 
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=path.parent)
-        os.close(fd)
-        try:
-            tensors = {"windows": self.windows, "logp": self.logp, "idx": self.idx.to(torch.int32), "nll": self.nll}
+        from lowbit.io.atomic import atomic_path
+
+        tensors = {"windows": self.windows, "logp": self.logp, "idx": self.idx.to(torch.int32), "nll": self.nll}
+        with atomic_path(path) as tmp:
             save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata={"dataset": self.dataset, "vocab": str(self.vocab)})
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "ReferenceTopK":

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import tempfile
 import time
 from pathlib import Path
 
@@ -37,17 +36,11 @@ def make_record(kind: str, model: str, results: list[dict], **info) -> dict:
 
 def save_json(record: dict, path: str | os.PathLike) -> None:
     """Write ``record`` as JSON atomically (temp file in the same folder, then replace)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    from lowbit.io.atomic import atomic_path
+
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=2)
+        f.write("\n")
 
 
 def load_json(path: str | os.PathLike) -> dict:

@@ -18,6 +18,7 @@ def atomic_path(path: str | os.PathLike):
     os.close(fd)
     try:
         yield tmp
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; give the result a normal file's mode
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

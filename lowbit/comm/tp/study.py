@@ -8,21 +8,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 
 from .eval import run_tp_eval
+from lowbit.io.atomic import write_text
+
 from .layers import ALLREDUCE_CHOICES
 
 
 def write_json(path: Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
+    write_text(path, json.dumps(data, indent=2))
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
