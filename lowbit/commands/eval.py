@@ -28,6 +28,7 @@ def _common(p: argparse.ArgumentParser, model_default: str | None = "default") -
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights and activations dtype (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=None, help="sequences per forward pass")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--device", default="cpu", help="where the model runs: cpu, cuda or cuda:N (default: %(default)s)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON (for 'lowbit eval compare')")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
@@ -80,10 +81,14 @@ def _setup(args):
     return getattr(torch, args.dtype)
 
 
-def _load(name: str, dtype):
+def _load(name: str, dtype, device: str = "cpu"):
+    import torch
+
     from lowbit.models import load_model
 
-    return load_model(name, dtype=dtype)
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"--device {device} but torch sees no CUDA device")
+    return load_model(name, dtype=dtype, device=device)
 
 
 def _seqlens(args, model) -> list[int]:
@@ -142,7 +147,7 @@ def run_ppl(args) -> int:
         return _run_tp("ppl", args)
     try:
         dtype = _setup(args)
-        model, tok = _load(args.model, dtype)
+        model, tok = _load(args.model, dtype, args.device)
         results = [
             perplexity(model, tok, ds, sl, args.max_windows, args.batch_size or 1, not args.no_progress).to_dict()
             for sl in _seqlens(args, model) for ds in args.dataset
@@ -160,7 +165,7 @@ def run_zeroshot(args) -> int:
     try:
         tasks = list(TASKS) if args.tasks == ["all"] else [canonical_task(t) for t in args.tasks]
         dtype = _setup(args)
-        model, tok = _load(args.model, dtype)
+        model, tok = _load(args.model, dtype, args.device)
         results = [evaluate_task(model, tok, t, args.limit, args.batch_size or 16, not args.no_progress).to_dict() for t in tasks]
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         return _fail(e)
@@ -179,17 +184,17 @@ def run_kl(args) -> int:
         dtype = _setup(args)
         bs, prog = args.batch_size or 1, not args.no_progress
         if args.save_ref:
-            ref, tok = _load(args.ref, dtype)
+            ref, tok = _load(args.ref, dtype, args.device)
             (sl,), (ds,) = _seqlens(args, ref)[:1], args.dataset[:1]
             r = reference_topk(ref, tok, ds, sl, args.max_windows, bs, args.top_k, prog)
             r.save(args.save_ref)
             print(f"wrote {args.save_ref}: top-{r.k} reference of {args.ref} on {ds}@{sl}, {r.windows.shape[0]} windows")
             return 0
-        model, tok = _load(args.model, dtype)
+        model, tok = _load(args.model, dtype, args.device)
         if args.ref.endswith(".safetensors") and Path(args.ref).is_file():
             ref = ReferenceTopK.load(args.ref)
         else:
-            ref, _ = _load(args.ref, dtype)
+            ref, _ = _load(args.ref, dtype, args.device)
         results = [
             kl_divergence(ref, model, tok, ds, sl, args.max_windows, bs, prog).to_dict()
             for sl in _seqlens(args, model) for ds in args.dataset

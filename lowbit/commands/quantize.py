@@ -24,7 +24,7 @@ def register(sub) -> None:
     p.add_argument("--out", help="write the quantized checkpoint here (safetensors + lowbit_config.json)")
     p.add_argument("--samples", type=int, default=128, help="calibration sequences (Atom: 128; use ~16 on a CPU)")
     p.add_argument("--seqlen", type=int, default=2048, help="tokens per calibration sequence (Atom: 2048)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--device", default="cpu", help="where calibration, GPTQ and the comparison run: cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--eval-windows", type=int, default=40, help="WikiText-2 test windows to compare on (0: skip)")
     p.add_argument("--eval-seqlen", type=int, default=512, help="tokens per evaluation window")
@@ -52,14 +52,16 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     console = Console()
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        console.print(f"[red]--device {args.device} but torch sees no CUDA device[/red]")
+        return 2
     scheme = apply_overrides(get_scheme(args.scheme), args.overrides, args.name)
     t0 = time.perf_counter()
     model, tok = load_model(args.model)
     float_bytes = decoder_bytes(model)
     ids = calibration_ids(tok, args.samples, args.seqlen)
     console.print(f"[bold]{scheme.name}[/]: calibrating on {args.samples} x {args.seqlen} tokens of WikiText-2 validation")
-    rep = quantize_model(model, scheme, ids, device=args.device)
-    model.to("cpu")
+    rep = quantize_model(model, scheme, ids, device=args.device)  # returns the model on the CPU
     q_bytes = decoder_bytes(model)
     result = {"model": args.model, "scheme": scheme.to_dict(), "samples": args.samples, "seqlen": args.seqlen,
               "quantize_seconds": round(rep.seconds, 1), "decoder_bytes_float": float_bytes, "decoder_bytes_quantized": q_bytes}
@@ -71,10 +73,11 @@ def run(args) -> int:
     if args.eval_windows:
         from lowbit.eval.kl import ReferenceTopK, kl_divergence, reference_topk
 
+        model.to(args.device)
         if args.reference and Path(args.reference).is_file():
             ref = ReferenceTopK.load(args.reference)
         else:
-            ref_model, _ = load_model(args.model)
+            ref_model, _ = load_model(args.model, device=args.device)
             if args.reference:
                 ref = reference_topk(ref_model, tok, seqlen=args.eval_seqlen, max_windows=args.eval_windows, k=128)
                 ref.save(args.reference)

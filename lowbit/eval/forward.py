@@ -48,11 +48,25 @@ def _split(model) -> tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[tor
     return run_body, head
 
 
+def model_device(model) -> torch.device:
+    """The device of the model's first parameter (where its inputs must go)."""
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
 class LogitSource:
-    """Hidden states of a batch, and their logits (fp32) for any subset of positions, in chunks."""
+    """Hidden states of a batch, and their logits (fp32) for any subset of positions, in chunks.
+
+    ``ids`` may live anywhere: they are moved to the model's device. Positions (``rows``,
+    ``cols``) are CPU index tensors; :meth:`logits` returns logits on the model's device, and
+    consumers move their small per-token results back to the CPU.
+    """
 
     def __init__(self, model, ids: torch.Tensor):
         self.model = model
+        self.device = model_device(model)
+        ids = ids.to(self.device)
         self.ids = ids
         split = _split(model)
         if split is None:
@@ -66,7 +80,8 @@ class LogitSource:
             self._logits = None
 
     def logits(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        """fp32 logits ``[len(rows), vocab]`` at positions ``(rows[i], cols[i])``."""
+        """fp32 logits ``[len(rows), vocab]`` at positions ``(rows[i], cols[i])``, on the model's device."""
+        rows, cols = rows.to(self.device), cols.to(self.device)
         if self._logits is not None:
             return self._logits[rows, cols].float()
         return self._head(self._hidden[rows, cols]).float()
@@ -79,6 +94,10 @@ class LogitSource:
         for s in range(0, rows.numel(), chunk):
             r, c = rows[s : s + chunk], cols[s : s + chunk]
             yield r, c, self.logits(r, c)
+
+    def tokens(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """Input ids at positions ``(rows, cols)``, on the model's device (targets are ``cols + 1``)."""
+        return self.ids[rows.to(self.device), cols.to(self.device)]
 
 
 def check_ids(model, ids: torch.Tensor) -> None:

@@ -116,9 +116,9 @@ def reference_topk(
             for rows, cols, logits in src.chunks(t - 1):
                 lp = torch.log_softmax(logits, dim=1)
                 vals, inds = lp.topk(k, dim=1)
-                logp_out[rows + s, cols] = vals
-                idx_out[rows + s, cols] = inds
-                nll_out[rows + s, cols] = _targets_nll(lp, ids[rows, cols + 1])
+                logp_out[rows + s, cols] = vals.cpu()
+                idx_out[rows + s, cols] = inds.cpu()
+                nll_out[rows + s, cols] = _targets_nll(lp, src.tokens(rows, cols + 1)).cpu()
     return ReferenceTopK(windows, logp_out, idx_out, nll_out, dataset, vocab)
 
 
@@ -174,21 +174,21 @@ def kl_divergence(
             ref_src = None if topk else LogitSource(ref_model, ids)
             for rows, cols, logits in src.chunks(t - 1):
                 lp = torch.log_softmax(logits, dim=1)
-                targets = ids[rows, cols + 1]
+                targets = src.tokens(rows, cols + 1)
                 if topk:
-                    r_lp, r_idx = ref_model.logp[rows + s, cols], ref_model.idx[rows + s, cols]
+                    r_lp, r_idx = ref_model.logp[rows + s, cols].to(lp.device), ref_model.idx[rows + s, cols].to(lp.device)
                     kl = kl_coarsened(r_lp, r_idx, lp)
                     ref_top1 = r_idx[:, 0]
                     ref_nll += float(ref_model.nll[rows + s, cols].double().sum())
                 else:
-                    r_full = torch.log_softmax(ref_src.logits(rows, cols), dim=1)
+                    r_full = torch.log_softmax(ref_src.logits(rows, cols).to(lp.device), dim=1)
                     kl = kl_exact(r_full, lp)
                     ref_top1 = r_full.argmax(dim=1)
                     ref_nll += float(_targets_nll(r_full, targets).double().sum())
                     del r_full
                 if not torch.isfinite(kl).all():
                     raise FloatingPointError("non-finite KL: a model produced NaN/Inf logits")
-                kls.append(kl)
+                kls.append(kl.cpu())
                 agree += int((lp.argmax(dim=1) == ref_top1).sum())
                 nll += float(_targets_nll(lp, targets).double().sum())
     allkl = torch.cat(kls).double()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from .forward import LogitSource, model_context, model_vocab
+from .forward import LogitSource, model_context, model_device, model_vocab
 
 
 @dataclass(frozen=True)
@@ -110,9 +110,9 @@ def score_requests(model, requests: list[Request], batch_size: int = 16, progres
                     owner += [i] * n_cont
             src = LogitSource(model, ids)
             logp = torch.log_softmax(src.logits(torch.tensor(rows), torch.tensor(cols)), dim=1)
-            tgt = torch.tensor(targets)
-            tok_lp = logp.gather(1, tgt.unsqueeze(1)).squeeze(1)
-            hit = logp.argmax(dim=1) == tgt
+            tgt = torch.tensor(targets, device=logp.device)
+            tok_lp = logp.gather(1, tgt.unsqueeze(1)).squeeze(1).cpu()
+            hit = (logp.argmax(dim=1) == tgt).cpu()
             owner_t = torch.tensor(owner)
             for key in keys:
                 for i in groups[key]:
@@ -127,7 +127,7 @@ def score_reference(model, request: Request) -> Score:
     """One request through the model's own full logits: the reference for :func:`score_requests`."""
     inp, n_cont = _inputs(request, model_context(model))
     with torch.inference_mode():
-        logits = model(input_ids=torch.tensor([inp])).logits[0].float()
+        logits = model(input_ids=torch.tensor([inp], device=model_device(model))).logits[0].float().cpu()
     logp = torch.log_softmax(logits[-n_cont:], dim=1)
     tgt = torch.tensor(request.continuation)
     lp = logp[torch.arange(n_cont), tgt]

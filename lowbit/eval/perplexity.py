@@ -39,10 +39,9 @@ def window_nll(model, ids: torch.Tensor) -> torch.Tensor:
     b, t = ids.shape
     src = LogitSource(model, ids)
     out = torch.empty(b, t - 1, dtype=torch.float32)
-    targets = ids[:, 1:]
     for rows, cols, logits in src.chunks(t - 1):
-        picked = logits.gather(1, targets[rows, cols].unsqueeze(1)).squeeze(1)
-        out[rows, cols] = torch.logsumexp(logits, dim=1) - picked
+        picked = logits.gather(1, src.tokens(rows, cols + 1).unsqueeze(1)).squeeze(1)
+        out[rows, cols] = (torch.logsumexp(logits, dim=1) - picked).cpu()
     return out
 
 

@@ -37,40 +37,41 @@ if triton is not None:
         ax = tl.where(valid, tl.abs(x), 0.0)
         idx = tl.argmax(ax, 0, tie_break_left=True)
         v = tl.sum(tl.where(ridx == idx, x, 0.0), 0)
-        s = v * clip / qmin
+        s = tl.math.div_rn(v * clip, qmin)  # IEEE division, as torch's (a plain '/' may be approximate on GPUs)
         s = tl.where(s == 0.0, 1.0, s)
         q = _round_half_even(tl.math.div_rn(x, s))
         q = tl.minimum(tl.maximum(q, qmin), qmax)
         return q.to(tl.int8), s
 
     @triton.jit
+    def _quant_store(x_ptr, perm_ptr, c_ptr, s_ptr, row, first, n_valid, s_x, scale_off, clip,
+                     L: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr, HAS_PERM: tl.constexpr):
+        """Quantize channels ``first .. first+n_valid`` of ``row`` (reordered) as one block; store
+        the codes at ``c_ptr[0 .. n_valid)`` and the scale at ``s_ptr[scale_off]``."""
+        r = tl.arange(0, L)
+        valid = r < n_valid
+        src = first + r
+        if HAS_PERM:
+            src = tl.load(perm_ptr + first + r, mask=valid, other=0)
+        x = tl.load(x_ptr + row * s_x + src, mask=valid, other=0.0).to(tl.float32)
+        q, s = _quant_block(x, valid, r, QMIN, QMAX, clip)
+        tl.store(c_ptr + r, q, mask=valid)
+        tl.store(s_ptr + scale_off, s)
+
+    @triton.jit
     def _act_quant_kernel(x_ptr, perm_ptr, c_ptr, s_ptr, oc_ptr, os_ptr, N, K, NG, s_x, s_c, s_s, s_oc, clip,
                           G: tl.constexpr, KB: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
                           HAS_PERM: tl.constexpr):
+        # The two branches live in helpers: compiled Triton needs variables of one shape across
+        # an if/else, and a group (G) and the outlier block (KB) have different shapes.
         row = tl.program_id(0)
         gi = tl.program_id(1)
         if gi < NG:
-            r = tl.arange(0, G)
-            cols = gi * G + r
-            valid = cols < N
-            src = cols
-            if HAS_PERM:
-                src = tl.load(perm_ptr + cols, mask=valid, other=0)
-            x = tl.load(x_ptr + row * s_x + src, mask=valid, other=0.0).to(tl.float32)
-            q, s = _quant_block(x, valid, r, QMIN, QMAX, clip)
-            tl.store(c_ptr + row * s_c + cols, q, mask=valid)
-            tl.store(s_ptr + row * s_s + gi, s)
+            _quant_store(x_ptr, perm_ptr, c_ptr + row * s_c + gi * G, s_ptr, row, gi * G, tl.minimum(N - gi * G, G),
+                         s_x, row * s_s + gi, clip, G, QMIN, QMAX, HAS_PERM)
         else:
-            r = tl.arange(0, KB)
-            cols = N + r
-            valid = r < K
-            src = cols
-            if HAS_PERM:
-                src = tl.load(perm_ptr + cols, mask=valid, other=0)
-            x = tl.load(x_ptr + row * s_x + src, mask=valid, other=0.0).to(tl.float32)
-            q, s = _quant_block(x, valid, r, -128.0, 127.0, 1.0)
-            tl.store(oc_ptr + row * s_oc + r, q, mask=valid)
-            tl.store(os_ptr + row, s)
+            _quant_store(x_ptr, perm_ptr, oc_ptr + row * s_oc, os_ptr, row, N, K, s_x, row, 1.0,
+                         KB, -128.0, 127.0, HAS_PERM)
 
 
 def quantize_tokens_triton(x: torch.Tensor, act: ActSpec, n_outliers: int = 0,

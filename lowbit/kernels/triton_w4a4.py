@@ -103,8 +103,17 @@ def prepare(p: LinearParams, device: torch.device | str | None = None) -> Triton
                               mv(p.outlier_scale.float()), p.act, p.n_normal, g, mv(p.bias))
 
 
+# (BM, BO, num_warps) by token count: small tiles for decode, larger ones for prefill batches.
+# Untimed on a GPU so far (see README); every configuration is compile-checked in CI.
+CONFIGS = ((16, 64, 4), (64, 64, 4), (128, 128, 8))
+
+
+def _config(m: int) -> tuple[int, int, int]:
+    return CONFIGS[0] if m <= 16 else CONFIGS[1] if m <= 128 else CONFIGS[2]
+
+
 def matmul(codes: torch.Tensor, scale: torch.Tensor, outlier: torch.Tensor, outlier_scale: torch.Tensor,
-           w: TritonW4A4Prepared, block_m: int = 16, block_o: int = 64, block_k: int = 32) -> torch.Tensor:
+           w: TritonW4A4Prepared, block_m: int | None = None, block_o: int | None = None, block_k: int = 32) -> torch.Tensor:
     """Quantized activations (int8 codes ``[M, N]``, scales ``[M, NG]``, outliers) times ``w``."""
     if triton is None:
         raise KernelError("triton is not installed")
@@ -117,6 +126,8 @@ def matmul(codes: torch.Tensor, scale: torch.Tensor, outlier: torch.Tensor, outl
     if m == 0:
         return y
     ng = scale.shape[1]
+    cfg_m, cfg_o, warps = _config(m)
+    block_m, block_o = block_m or cfg_m, block_o or cfg_o
     bias = w.bias if w.bias is not None else y
     grid = (triton.cdiv(m, block_m), triton.cdiv(o, block_o))
     ao = outlier if k else codes.new_zeros(m, 1)
@@ -124,7 +135,7 @@ def matmul(codes: torch.Tensor, scale: torch.Tensor, outlier: torch.Tensor, outl
     _w4a4_kernel[grid](codes, scale, ao, outlier_scale, w.packed, w.scale, wo, w.outlier_scale, bias, y,
                        m, o, n, k, ng, codes.stride(0), scale.stride(0), ao.stride(0), w.packed.stride(0),
                        w.scale.stride(0), wo.stride(0), y.stride(0),
-                       G=w.group, BM=block_m, BO=block_o, BK=block_k, HAS_BIAS=w.bias is not None)
+                       G=w.group, BM=block_m, BO=block_o, BK=block_k, HAS_BIAS=w.bias is not None, num_warps=warps)
     return y
 
 
