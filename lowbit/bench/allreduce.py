@@ -40,6 +40,8 @@ def register(kinds) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--repeats", type=int, default=5, help="timed calls per point (median), at least 5 for reports")
     p.add_argument("--no-metadata-check", action="store_true", help="skip the cross-rank size/dtype check")
+    p.add_argument("--serial", action="store_true",
+                   help="also time each codec with its rounds one after another (no pipelining), side by side")
     p.add_argument("--link-gbit", type=float, default=None, help="rate-limit the ranks' link to N Gbit/s (root)")
     p.add_argument("--timeout", type=float, default=600.0, help="process-group timeout, seconds")
     p.add_argument("--accuracy-elements", type=int, default=1 << 20,
@@ -60,6 +62,8 @@ def _rerun_in_namespace(args) -> int:
             "--timeout", str(args.timeout), "--out", str(args.out), "--label", f"link {args.link_gbit:g} Gbit/s"]
     if args.no_metadata_check:
         rest.append("--no-metadata-check")
+    if args.serial:
+        rest.append("--serial")
     code = f"import sys; from lowbit.cli import main; sys.exit(main({rest!r}))"
     try:
         with shaped_namespace(args.link_gbit) as prefix:
@@ -133,7 +137,7 @@ def run(args) -> int:
     if args.repeats < 1:
         raise SystemExit("error: --repeats must be >= 1")
     res = check_results(run_here_or_spawn(
-        allreduce_sweep, args.world_size, sizes, codecs, args.dtype, args.repeats, not args.no_metadata_check,
+        allreduce_sweep, args.world_size, sizes, codecs, args.dtype, args.repeats, not args.no_metadata_check, args.serial,
         timeout_s=args.timeout, deadline_s=24 * 3600,
     ))
     rows = res[0]

@@ -51,7 +51,9 @@ def run(args) -> int:
     x = torch.randn(args.elements, device=dev).to(dtype)
     nbytes = x.numel() * x.element_size()
     enc, dec = (encode, decode) if args.impl == "auto" else (encode_torch, decode_torch)
-    impl = "C (fused)" if (args.impl == "auto" and dev.type == "cpu" and native.available()) else "torch (vectorised)"
+    impl = "torch (vectorised)"
+    if args.impl == "auto" and dev.type == "cpu" and native.available():
+        impl = "C (AVX2)" if native.simd() else "C (fused)"
     y = torch.empty_like(x)
     copy_s = _median_time(lambda: y.copy_(x), args.repeats, sync)
     copy_gbs = nbytes / copy_s / 1e9

@@ -6,6 +6,9 @@ segment r. Rank r decodes the W contributions and adds them in fp32, in rank ord
 Phase 2 (all-gather): rank r re-encodes its reduced segment and all ranks gather the bytes.
 Every rank decodes the very same bytes, so every rank ends with a bit-identical result.
 
+The FP codec sends the raw values in the input dtype (float32 stays float32), so its result
+differs from ``dist.all_reduce`` only by the order of the fp32 additions.
+
 Non-finite input (NaN/Inf) poisons only its own 32-value block: the block decodes to NaN on every
 rank, all other blocks are unaffected (the FP codec stays element-wise, like dist.all_reduce).
 float16 sums that overflow become ±inf as in dist.all_reduce: before re-encoding, a float16 sum
@@ -16,11 +19,12 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from .codecs import CODECS, ROW, Codec, decode, decode_add, encode, fp_wire_dtype, get_codec, n_rows
+from .codecs import CODECS, ROW, Codec, decode, encode, fp_wire_dtype, get_codec, n_rows, reduce_encode
 from .errors import AllReduceError
 from .metadata import DTYPE_CODES, check_same_job, signature
 from .policy import ENV_CODEC, SizePolicy, load_table
@@ -45,17 +49,23 @@ def _buffer(ws: dict | None, name: str, shape: tuple[int, ...], dtype: torch.dty
         return torch.empty(shape, dtype=dtype, device=device)
     t = ws.get(name)
     if t is None or t.shape != shape or t.dtype != dtype or t.device != device:
-        t = ws[name] = torch.empty(shape, dtype=dtype, device=device)
+        with torch.inference_mode(False):  # a normal tensor: usable inside and outside inference mode
+            t = ws[name] = torch.empty(shape, dtype=dtype, device=device)
     return t
 
 
-def _exchange(send: torch.Tensor, seg_rows: int, world: int, rank: int, group, what: str,
-              recv: torch.Tensor) -> torch.Tensor:
-    """All-to-all of ``seg_rows``-row chunks with every *other* rank (chunks in rank order, own one
-    left out). The own chunk never travels: some backends (gloo) would push it through the link."""
+def _start_exchange(send: torch.Tensor, seg_rows: int, world: int, rank: int, group, what: str,
+                    recv: torch.Tensor):
+    """Launch (async) an all-to-all of ``seg_rows``-row chunks with every *other* rank (chunks in
+    rank order, own one left out); returns the work handle. The own chunk never travels: some
+    backends (gloo) would push it through the link."""
     splits = [0 if r == rank else seg_rows for r in range(world)]
-    _collective(what, dist.all_to_all_single, recv, send, splits, splits, group=group)
-    return recv
+    try:
+        return dist.all_to_all_single(recv, send, splits, splits, group=group, async_op=True)
+    except RuntimeError as e:
+        raise AllReduceError(
+            f"quick all-reduce failed during {what}: a peer rank died, timed out or closed its connection ({e})"
+        ) from e
 
 
 def _chunk(recv: torch.Tensor, j: int, rank: int, seg_rows: int) -> torch.Tensor:
@@ -64,51 +74,137 @@ def _chunk(recv: torch.Tensor, j: int, rank: int, seg_rows: int) -> torch.Tensor
     return recv[k * seg_rows : (k + 1) * seg_rows]
 
 
+@dataclass
+class Round:
+    """One two-shot round in flight: its buffers and the pending collective (see :func:`two_shot`)."""
+
+    x: torch.Tensor
+    out: torch.Tensor | None
+    codec: Codec
+    group: object
+    world: int
+    rank: int
+    seg_rows: int
+    fpw: torch.dtype
+    ws: dict | None
+    work: object = None
+    what: str = ""
+    recv: torch.Tensor | None = None
+    own: torch.Tensor | None = None
+    mine: torch.Tensor | None = None
+
+    @property
+    def seg_n(self) -> int:
+        return self.seg_rows * ROW
+
+    def buf(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return _buffer(self.ws, name, shape, dtype, self.x.device)
+
+    def wait(self) -> None:
+        _collective(self.what, self.work.wait)
+        self.work = None
+
+
+def start_round(x: torch.Tensor, codec: Codec, group=None, out: torch.Tensor | None = None,
+                workspace: dict | None = None) -> Round:
+    """Phase 1, launched: encode the peers' segments and start the all-to-all (async)."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    n, dtype = x.numel(), x.dtype
+    seg_rows = -(-n_rows(n) // world)
+    r = Round(x, out, codec, group, world, rank, seg_rows, fp_wire_dtype(dtype), workspace)
+    seg_n = r.seg_n
+    flat = x.reshape(-1)
+    if flat.numel() < seg_n * world:
+        flat = torch.nn.functional.pad(flat, (0, seg_n * world - flat.numel()))
+    rb = codec.wire_row_bytes(r.fpw)  # FP codec: 2 or 4 bytes per value (raw input dtype)
+    peers = (world - 1) * seg_rows
+    # encode the peers' segments straight into the send buffer, our own one aside
+    send = r.buf("send", (peers, rb), torch.uint8)
+    if rank:
+        encode(flat[: rank * seg_n], codec, out=send[: rank * seg_rows])
+    if rank < world - 1:
+        encode(flat[(rank + 1) * seg_n :], codec, out=send[rank * seg_rows :])
+    r.own = encode(flat[rank * seg_n : (rank + 1) * seg_n], codec, out=r.buf("own", (seg_rows, rb), torch.uint8))
+    r.recv = r.buf("recv", (peers, rb), torch.uint8)
+    r.what = "phase 1 (all-to-all)"
+    r.work = _start_exchange(send, seg_rows, world, rank, group, r.what, r.recv)
+    return r
+
+
+def reduce_round(r: Round) -> Round:
+    """Phase 1 done, phase 2 launched: sum the W contributions of our segment, re-encode it and
+    start sending it to every peer (async)."""
+    r.wait()
+    seg_rows, rank, codec, fpw = r.seg_rows, r.rank, r.codec, r.fpw
+    # fixed rank order (deterministic sums): rank 0's values, then += each next rank's; one fused
+    # pass per row on CPU (decode, add, clamp, re-encode), the unfused steps elsewhere
+    wires = [r.own if j == rank else _chunk(r.recv, j, rank, seg_rows) for j in range(r.world)]
+    clamp = FP16_OVERFLOW_CLAMP if (r.x.dtype == torch.float16 and codec.kind != "fp") else 0.0
+    rb = codec.wire_row_bytes(fpw)
+    r.mine = reduce_encode(wires, codec, fp_wire=fpw, clamp=clamp, out=r.buf("mine", (seg_rows, rb), torch.uint8))
+    send = r.buf("mine_x", ((r.world - 1) * seg_rows, rb), torch.uint8)
+    send.view(r.world - 1, seg_rows, rb).copy_(r.mine.unsqueeze(0).expand(r.world - 1, seg_rows, rb))
+    r.recv = r.buf("gathered", ((r.world - 1) * seg_rows, rb), torch.uint8)
+    r.what = "phase 2 (all-gather)"
+    r.work = _start_exchange(send, seg_rows, r.world, rank, r.group, r.what, r.recv)
+    return r
+
+
+def finish_round(r: Round) -> torch.Tensor:
+    """Phase 2 done: decode every segment into place; the reduced values, flat, in x's dtype."""
+    r.wait()
+    n, dtype = r.x.numel(), r.x.dtype
+    out = r.out if r.out is not None else torch.empty(n, dtype=dtype, device=r.x.device)
+    for j in range(r.world):
+        lo = j * r.seg_n
+        if lo >= n:
+            break
+        hi = min(n, lo + r.seg_n)
+        chunk = r.mine if j == r.rank else _chunk(r.recv, j, r.rank, r.seg_rows)
+        decode(chunk, r.codec, hi - lo, dtype, fp_wire=r.fpw, out=out[lo:hi])
+    return out
+
+
 def two_shot(x: torch.Tensor, codec: Codec, group=None, out: torch.Tensor | None = None,
              workspace: dict | None = None) -> torch.Tensor:
     """The reduced values, flat, in x's dtype (written into the contiguous flat ``out`` if given,
     which may be x itself). Collective: call on every rank with the same size and dtype.
     ``workspace``: a dict that keeps the scratch buffers between calls."""
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    n, dtype, dev = x.numel(), x.dtype, x.device
-    fpw = fp_wire_dtype(dtype)
-    seg_rows = -(-n_rows(n) // world)
-    seg_n = seg_rows * ROW
-    flat = x.reshape(-1)
-    if flat.numel() < seg_n * world:
-        flat = torch.nn.functional.pad(flat, (0, seg_n * world - flat.numel()))
-    rb = codec.row_bytes
-    peers = (world - 1) * seg_rows
-    # phase 1: encode the peers' segments straight into the send buffer, our own one aside
-    send = _buffer(workspace, "send", (peers, rb), torch.uint8, dev)
-    if rank:
-        encode(flat[: rank * seg_n], codec, out=send[: rank * seg_rows])
-    if rank < world - 1:
-        encode(flat[(rank + 1) * seg_n :], codec, out=send[rank * seg_rows :])
-    own = encode(flat[rank * seg_n : (rank + 1) * seg_n], codec, out=_buffer(workspace, "own", (seg_rows, rb), torch.uint8, dev))
-    recv = _exchange(send, seg_rows, world, rank, group, "phase 1 (all-to-all)",
-                     _buffer(workspace, "recv", (peers, rb), torch.uint8, dev))
-    # fixed rank order (deterministic sums): rank 0's values, then += each next rank's
-    acc = _buffer(workspace, "acc", (seg_n,), torch.float32, dev)
-    decode(own if rank == 0 else _chunk(recv, 0, rank, seg_rows), codec, seg_n, torch.float32, fp_wire=fpw, out=acc)
-    for j in range(1, world):
-        decode_add(acc, own if j == rank else _chunk(recv, j, rank, seg_rows), codec, fp_wire=fpw)
-    if dtype == torch.float16 and codec.kind != "fp":
-        acc.clamp_(-FP16_OVERFLOW_CLAMP, FP16_OVERFLOW_CLAMP)
-    # phase 2: every peer gets our reduced segment; decode each segment into place
-    mine = encode(acc, codec, fp_wire=fpw, out=_buffer(workspace, "mine", (seg_rows, rb), torch.uint8, dev))
-    gathered = _exchange(mine.repeat(world - 1, 1), seg_rows, world, rank, group, "phase 2 (all-gather)",
-                         _buffer(workspace, "gathered", (peers, rb), torch.uint8, dev))
-    if out is None:
-        out = torch.empty(n, dtype=dtype, device=dev)
-    for j in range(world):
-        lo = j * seg_n
-        if lo >= n:
-            break
-        hi = min(n, lo + seg_n)
-        chunk = mine if j == rank else _chunk(gathered, j, rank, seg_rows)
-        decode(chunk, codec, hi - lo, dtype, fp_wire=fpw, out=out[lo:hi])
-    return out
+    return finish_round(reduce_round(start_round(x, codec, group, out, workspace)))
+
+
+def pipelined(flat: torch.Tensor, step: int, codec: Codec, group=None, workspaces: list[dict] | None = None,
+              depth: int = 3) -> None:
+    """In-place two-shot all-reduce of ``flat`` in rounds of ``step`` elements, ``depth`` rounds in
+    flight: while round i's bytes are on the wire (async collectives), this rank encodes round i+1
+    and decodes round i-1. Rows are independent and every round runs the very same steps as
+    :func:`two_shot`, so the result is bit-identical to the unpipelined algorithm on every rank.
+    Each round's input is fully read (phase 1) before its output is written (the last step)."""
+    if depth < 1:
+        raise ValueError(f"pipeline depth must be >= 1, got {depth}")
+    stages = (reduce_round, finish_round)
+    inflight: list[tuple[int, Round]] = []  # (stages done, round), oldest first
+    n = flat.numel()
+    for i, lo in enumerate(range(0, n, step)):
+        part = flat[lo : lo + step]
+        ws = None
+        if workspaces is not None and (part.numel() == step or lo == 0):  # a short tail: no caching
+            ws = workspaces[i % depth]
+        inflight.append((0, start_round(part, codec, group, out=part, workspace=ws)))
+        # advance every older round by one stage, oldest first (the same order on every rank)
+        nxt = []
+        for done, r in inflight[:-1]:
+            stages[done](r)
+            if done + 1 < len(stages):
+                nxt.append((done + 1, r))
+        inflight = nxt + inflight[-1:]
+        while len(inflight) >= depth:  # bound the rounds (and buffers) in flight
+            done, r = inflight.pop(0)
+            for st in stages[done:]:
+                st(r)
+    for done, r in inflight:  # drain, oldest first
+        for st in stages[done:]:
+            st(r)
 
 
 class QuickAllReduce:
@@ -122,6 +218,9 @@ class QuickAllReduce:
     ``chunk_bytes``: large messages run as several two-shot rounds of about this size (0: one
     round), which keeps scratch memory bounded and each collective's message moderate; the result
     is bit-identical either way (env LOWBIT_QR_CHUNK_BYTES).
+    ``pipeline_depth``: rounds in flight at once (1: one after another; 3, the default: round i's
+    transfer overlaps the encoding of round i+1 and the decoding of round i-1), bit-identical for
+    every depth (env LOWBIT_QR_PIPELINE_DEPTH).
     """
 
     def __init__(
@@ -135,6 +234,7 @@ class QuickAllReduce:
         table: dict | None = None,
         keep_buffers: bool = True,
         chunk_bytes: int = 2 << 20,
+        pipeline_depth: int = 3,
     ):
         if not dist.is_initialized():
             raise RuntimeError("QuickAllReduce needs an initialised torch.distributed process group")
@@ -144,6 +244,9 @@ class QuickAllReduce:
         self.rank = dist.get_rank(group)
         self.check_metadata = check_metadata
         self.chunk_bytes = int(os.environ.get("LOWBIT_QR_CHUNK_BYTES", chunk_bytes))
+        self.pipeline_depth = int(os.environ.get("LOWBIT_QR_PIPELINE_DEPTH", pipeline_depth))
+        if self.pipeline_depth < 1:
+            raise ValueError(f"pipeline_depth must be >= 1, got {self.pipeline_depth}")
         self.policy = SizePolicy(
             self.codec.name, self.world_size, min_bytes, max_bytes, load_table() if table is None else table
         )
@@ -154,9 +257,8 @@ class QuickAllReduce:
                 stacklevel=2,
             )
         self.last_path = ""
-        self._workspace: dict = {}  # scratch buffers kept between calls (keep_buffers=False: none)
-        if not keep_buffers:
-            self._workspace = None  # type: ignore[assignment]
+        # scratch buffers kept between calls, one set per round in flight (keep_buffers=False: none)
+        self._workspaces: list[dict] | None = [{} for _ in range(self.pipeline_depth)] if keep_buffers else None
 
     def will_quantize(self, t: torch.Tensor) -> bool:
         if t.dtype not in DTYPE_CODES or self.world_size < 2 or t.numel() == 0:
@@ -178,11 +280,8 @@ class QuickAllReduce:
         self.last_path = self.codec.name
         flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1)
         step = self._chunk_elems(tensor.element_size())
-        for lo in range(0, flat.numel(), step):  # rows are independent: chunking never changes a bit
-            part = flat[lo : lo + step]
-            # each chunk is fully read (phase 1) before it is overwritten (phase 2)
-            ws = self._workspace if (part.numel() == step or lo == 0) else None  # a short tail: no caching
-            two_shot(part, self.codec, self.group, out=part, workspace=ws)
+        # rows are independent: neither chunking nor pipelining changes a bit
+        pipelined(flat, step, self.codec, self.group, self._workspaces, self.pipeline_depth)
         if not tensor.is_contiguous():
             tensor.copy_(flat.view(tensor.shape))
         return tensor

@@ -65,8 +65,9 @@ def sqnr_db(exact: torch.Tensor, got: torch.Tensor) -> float:
 
 
 def allreduce_sweep(rank: int, world: int, sizes: list[int], codecs: list[str], dtype_name: str, repeats: int,
-                    check_metadata: bool = True) -> list[dict]:
-    """Plain vs each codec at each message size (bytes); one row per (size, method)."""
+                    check_metadata: bool = True, serial: bool = False) -> list[dict]:
+    """Plain vs each codec at each message size (bytes); one row per (size, method). ``serial``:
+    also each codec with its rounds run one after another (pipeline depth 1), method "CODEC serial"."""
     dtype = DTYPES[dtype_name]
     dev = _device()
     es = torch.tensor([], dtype=dtype).element_size()
@@ -75,6 +76,9 @@ def allreduce_sweep(rank: int, world: int, sizes: list[int], codecs: list[str], 
         warnings.simplefilter("ignore")
         quick = {c: QuickAllReduce(codec=c, min_bytes=0, max_bytes=NO_MAX, table={}, check_metadata=check_metadata)
                  for c in codecs}
+        if serial:
+            quick |= {f"{c} serial": QuickAllReduce(codec=c, min_bytes=0, max_bytes=NO_MAX, table={},
+                                                    check_metadata=check_metadata, pipeline_depth=1) for c in codecs}
     for size in sizes:
         n = max(1, size // es)
         x = rank_input(n, dtype, dev, seed=size % 1000)
@@ -84,7 +88,7 @@ def allreduce_sweep(rank: int, world: int, sizes: list[int], codecs: list[str], 
         ref = x.clone()
         dist.all_reduce(ref)
         rows.append({"size_bytes": n * es, "method": "plain", "seconds": plain, "sqnr_db": sqnr_db(exact, ref)})
-        for c in codecs:
+        for c in quick:
             q = quick[c]
             secs = timed_collective(q.all_reduce, x, repeats)
             got = q.all_reduce(x.clone())

@@ -43,9 +43,11 @@ def test_link_shaping_errors(monkeypatch):
 
 def test_bench_allreduce_end_to_end(tmp_path):
     assert main(["bench", "allreduce", "--world-size", "2", "--codecs", "int4,fp", "--sizes", "8K,64K",
-                 "--repeats", "1", "--out", str(tmp_path)]) == 0
+                 "--repeats", "1", "--serial", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "allreduce.json").read_text())
-    assert {r["method"] for r in data["rows"]} == {"plain", "int4", "fp"}
+    assert {r["method"] for r in data["rows"]} == {"plain", "int4", "fp", "int4 serial", "fp serial"}
+    by = {(r["size_bytes"], r["method"]): r["sqnr_db"] for r in data["rows"]}
+    assert all(by[(s, "int4")] == by[(s, "int4 serial")] for s in (8192, 65536))  # pipelining changes no bit
     assert (tmp_path / "allreduce.csv").read_text().startswith("size_bytes,method")
     assert (tmp_path / "allreduce_speedup.png").stat().st_size > 1000
     int4 = [r for r in data["rows"] if r["method"] == "int4"]

@@ -132,3 +132,54 @@ def faults_and_fallbacks(rank: int, world: int) -> dict:
     out["nonfinite"] = {c: nonfinite(rank, world, c) for c in ("int4", "fp4", "fp")}
     out["overflow"] = {c: fp16_overflow(rank, world, c) for c in ("int8", "int3", "fp4", "fp")}
     return out
+
+
+def fp_and_plain(rank: int, world: int, cases: list[tuple]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(QuickAllReduce "fp" result, dist.all_reduce result) for each (dtype, n, seed) case."""
+    from lowbit.comm.allreduce import QuickAllReduce
+
+    qar = QuickAllReduce(codec="fp", min_bytes=0, table={})
+    out = []
+    for dtype_name, n, seed in cases:
+        x = rank_input(rank, n, DTYPES[dtype_name], seed)
+        ref = x.clone()
+        dist.all_reduce(ref)
+        qar.all_reduce(x)
+        out.append((x, ref))
+    return out
+
+
+def pipeline_variants(rank: int, world: int, cases: list[tuple]) -> list[list[torch.Tensor]]:
+    """Each (codec, dtype, n, seed) case reduced four ways: one round, then rounds of W rows run
+    one at a time (depth 1), two in flight and three in flight (the default)."""
+    from lowbit.comm.allreduce import QuickAllReduce
+
+    out = []
+    for codec, dtype_name, n, seed in cases:
+        x = rank_input(rank, n, DTYPES[dtype_name], seed)
+        res = []
+        for chunk, depth in ((0, 1), (1, 1), (1, 2), (1, 3)):
+            t = x.clone()
+            QuickAllReduce(codec=codec, min_bytes=0, table={}, chunk_bytes=chunk, pipeline_depth=depth).all_reduce(t)
+            res.append(t)
+        t = x.clone()  # a reused object: the per-round buffers are kept and must not leak between calls
+        q = QuickAllReduce(codec=codec, min_bytes=0, table={}, chunk_bytes=1)
+        q.all_reduce(x.clone() * 3)
+        q.all_reduce(t)
+        res.append(t)
+        out.append(res)
+    return out
+
+
+def inference_mode_then_normal(rank: int, world: int) -> list[torch.Tensor]:
+    """The kept buffers made during torch.inference_mode() must serve later calls outside it."""
+    from lowbit.comm.allreduce import QuickAllReduce
+
+    q = QuickAllReduce(codec="int4", min_bytes=0, table={})
+    outs = []
+    for mode in (True, False, True):
+        with torch.inference_mode(mode):
+            t = rank_input(rank, 5000, torch.float16, 41)
+            q.all_reduce(t)
+        outs.append(t.clone())
+    return outs

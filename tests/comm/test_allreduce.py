@@ -90,3 +90,41 @@ def test_dead_rank_fails_the_others_within_the_timeout():
     assert res[2][0] == "error"  # the rank that died reports nothing
     for status, msg in res[:2]:
         assert status == "ok" and msg.startswith("AllReduceError"), msg
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_fp_codec_equals_dist_all_reduce_up_to_summation_order(world):
+    """The FP codec sends raw values (fp32 too): at W = 2 the sum is dist.all_reduce's bit for bit
+    (one addition, commutative); at W = 3 only the order of two fp32 additions may differ."""
+    cases = [("float32", 70000, 21), ("float32", 5000, 22)]
+    res = check_results(run_ranks(wk.fp_and_plain, world, cases, timeout_s=30, deadline_s=120))
+    for i, (dtype, n, seed) in enumerate(cases):
+        inputs = [wk.rank_input(r, n, wk.DTYPES[dtype], seed) for r in range(world)]
+        mag = sum(x.double().abs() for x in inputs)
+        for r in range(world):
+            got, ref = res[r][i]
+            assert torch.equal(got.view(torch.uint8), res[0][i][0].view(torch.uint8))
+            if world == 2:
+                assert torch.equal(got, ref)
+            else:  # two fp32 roundings per element in either order
+                assert bool(((got.double() - ref.double()).abs() <= 2 * 2.0**-24 * mag * 2).all())
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_pipelined_rounds_equal_the_unpipelined_algorithm(world):
+    """Rounds overlapped in flight (async collectives) give the one-round result bit for bit, on every rank."""
+    cases = [("int4", "bfloat16", 7 * world * 2048 + 123, 31), ("int3", "float32", 5 * world * 2048, 32),
+             ("fp", "float16", 3 * world * 2048 + 1, 33), ("fp4", "bfloat16", 2048, 34)]
+    res = check_results(run_ranks(wk.pipeline_variants, world, cases, timeout_s=30, deadline_s=120))
+    for i, (codec, dtype, n, seed) in enumerate(cases):
+        inputs = [wk.rank_input(r, n, wk.DTYPES[dtype], seed) for r in range(world)]
+        want = simulate(inputs, codec).view(torch.uint8)
+        for r in range(world):
+            for got in res[r][i]:
+                assert torch.equal(got.view(torch.uint8), want), (world, codec, dtype, r)
+
+
+def test_buffers_from_inference_mode_work_outside_it():
+    res = check_results(run_ranks(wk.inference_mode_then_normal, 2, timeout_s=30, deadline_s=90))
+    for outs in res:
+        assert all(torch.equal(o, res[0][0]) for o in outs)

@@ -17,6 +17,11 @@ ROW_BYTES = {"fp": 4096, "int8": 2176, "int6": 1664, "int4": 1152, "int3": 896, 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
+def _row_bytes(name: str, dtype: torch.dtype) -> int:
+    """Exact wire bytes per 2048-value row: the FP codec sends the raw dtype (fp32: 8192)."""
+    return 8192 if (name == "fp" and dtype == torch.float32) else ROW_BYTES[name]
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """Bit patterns, with every NaN made canonical (NaN payloads differ between torch's own
     scalar and vectorised casts, so they carry no meaning)."""
@@ -38,13 +43,51 @@ def _nasty(n: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
     return x.to(dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", list(CODECS))
-def test_bytes_per_row_exact(name):
+def test_bytes_per_row_exact(name, dtype):
     c = get_codec(name)
-    assert c.row_bytes == ROW_BYTES[name]
+    assert c.row_bytes == ROW_BYTES[name]  # 16-bit input
+    assert c.wire_row_bytes(dtype) == _row_bytes(name, dtype)
+    assert c.ratio(dtype) == pytest.approx(ROW * (4 if dtype == torch.float32 else 2) / _row_bytes(name, dtype))
     for n, rows in [(ROW, 1), (1, 1), (ROW + 1, 2), (5 * ROW, 5)]:
-        w = encode(torch.randn(n, dtype=torch.bfloat16), c)
-        assert w.dtype == torch.uint8 and tuple(w.shape) == (rows, ROW_BYTES[name])
+        for enc in (encode, encode_torch, encode_ref):
+            w = enc(torch.randn(n).to(dtype), c)
+            assert w.dtype == torch.uint8 and tuple(w.shape) == (rows, _row_bytes(name, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fp_codec_sends_the_raw_input(dtype):
+    """The FP wire is the input's own bytes (zero padded), so decoding gives the input back exactly."""
+    x = _nasty(ROW + 300, dtype)
+    w = encode(x, "fp")
+    assert torch.equal(w.reshape(-1)[: x.numel() * x.element_size()], x.view(torch.uint8))
+    assert not bool(w.reshape(-1)[x.numel() * x.element_size():].any())
+    for dec in (decode, decode_torch, decode_ref):
+        assert torch.equal(_bits(dec(w, "fp", x.numel(), dtype)), _bits(x))
+
+
+@pytest.mark.parametrize("wire", DTYPES)
+def test_fp_codec_other_wire_dtypes_on_fp32(wire):
+    """An explicit ``fp_wire`` still works: every implementation writes and reads the same bytes."""
+    x = _nasty(ROW + 5, torch.float32)
+    w_ref = encode_ref(x, "fp", fp_wire=wire)
+    assert w_ref.shape[1] == ROW * wire.itemsize
+    for enc, dec in IMPLS:
+        assert torch.equal(enc(x, "fp", fp_wire=wire), w_ref)
+        for out in DTYPES:
+            a = dec(w_ref, "fp", x.numel(), out, fp_wire=wire)
+            assert torch.equal(_bits(a), _bits(decode_ref(w_ref, "fp", x.numel(), out, fp_wire=wire)))
+    acc = torch.ones(x.numel())
+    decode_add(acc, w_ref, "fp", fp_wire=wire)
+    assert torch.equal(_bits(acc), _bits(1 + decode_ref(w_ref, "fp", x.numel(), torch.float32, fp_wire=wire)))
+
+
+def test_encode_out_buffer_of_the_wrong_shape_is_an_error():
+    if not native.available():
+        pytest.skip("no C compiler")
+    with pytest.raises(ValueError, match="out has shape"):
+        encode(torch.randn(ROW), "fp", out=torch.empty(1, 4096, dtype=torch.uint8))  # fp32 rows are 8192 B
 
 
 IMPLS = [(encode_torch, decode_torch)] + ([(encode, decode)] if native.available() else [])
@@ -58,7 +101,7 @@ def test_fast_equals_reference_bit_for_bit(name, dtype):
         assert native.available() or not shutil.which("cc"), "the C codec should build where cc exists"
     x = _nasty(2 * ROW + 777, dtype)
     w_ref = encode_ref(x, name)
-    wire = torch.bfloat16 if dtype != torch.float16 else torch.float16
+    wire = dtype  # the FP codec's wire is the input dtype
     fp_wire = wire if name == "fp" else None
     for enc, dec in IMPLS:
         w = enc(x, name)
@@ -126,3 +169,54 @@ def test_bad_codec_and_dtype():
         get_codec("int5")
     with pytest.raises(TypeError, match="float16, bfloat16 or float32"):
         encode(torch.ones(4, dtype=torch.int32), "int4")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_simd_and_portable_builds_write_the_same_bits(dtype):
+    """The -march=native build (AVX2/F16C intrinsics where the CPU has them) and the portable C
+    loops (-O3, no intrinsics) give the same bytes and values, so CI machines may differ."""
+    if not native.available():
+        pytest.skip("no C compiler")
+    port = native.variant(native.PORTABLE_FLAGS)
+    assert port is not None, "the portable build must compile wherever the native one does"
+    from lowbit.comm.codecs.fast import _kind
+
+    x = _nasty(3 * ROW + 777, dtype, seed=5)
+    x[3000:3040] = torch.tensor([-0.0, 0.0] * 20).to(dtype)  # zero and negative-zero block
+    x[3072:3104] = torch.tensor([-2.0, 2.0] * 16).to(dtype)  # signed-absmax tie, negative first
+    x[3104:3136] = torch.tensor([65504.0 * 4] + [1.0] * 31).to(dtype) if dtype != torch.float16 else x[3104:3136]
+    rows = -(-x.numel() // ROW)
+    for name in CODECS:
+        c = get_codec(name)
+        rb, cb, k = c.wire_row_bytes(dtype), c.wire_code_bytes(dtype), _kind(c, dtype)
+        a = native.encode_rows(x, k, c.bits, rows, rb, cb)
+        b = native.encode_rows(x, k, c.bits, rows, rb, cb, lib=port)
+        assert torch.equal(a, b), name
+        for out in DTYPES:
+            va = native.decode_rows(a, k, c.bits, rb, cb, x.numel() - 3, out)
+            vb = native.decode_rows(a, k, c.bits, rb, cb, x.numel() - 3, out, lib=port)
+            assert torch.equal(_bits(va), _bits(vb)), (name, out)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(CODECS))
+def test_fused_reduce_equals_decode_add_encode(name, dtype):
+    """The all-reduce's middle step fused in C (per row, sum in cache) writes the unfused bytes."""
+    from lowbit.comm.codecs import fp_wire_dtype, reduce_encode
+
+    wd = fp_wire_dtype(dtype)
+    xs = [_nasty(2 * ROW, dtype, seed=s) * (1 + s) for s in range(3)]
+    if dtype == torch.float16:
+        xs[0][5], xs[1][5] = 60000.0, 60000.0  # the fp16 sum overflows: clamped, then decoded as inf
+    wires = [encode(x, name) for x in xs]
+    clamp = 2.0**17 if (dtype == torch.float16 and name != "fp") else 0.0
+    want = reduce_encode(wires, name, fp_wire=wd, clamp=clamp, fused=False)
+    assert torch.equal(reduce_encode(wires, name, fp_wire=wd, clamp=clamp), want)
+    if native.available():
+        port = native.variant(native.PORTABLE_FLAGS)
+        c = get_codec(name)
+        from lowbit.comm.codecs.fast import _kind
+
+        got = native.reduce_rows(wires, _kind(c, wd), c.bits, c.wire_row_bytes(wd), c.wire_code_bytes(wd), clamp,
+                                 torch.empty_like(want), lib=port)
+        assert torch.equal(got, want)

@@ -62,5 +62,20 @@ def test_cost_model_fit_and_crossover():
     assert quick_s(10 * x, 2, 3.56, link, cost) < link.plain_s(10 * x)
     slow = CodecCost(1e-6, 1e-6)  # compute dearer than the link saving: never quantize
     assert crossover_bytes(2, 3.56, link, slow) == math.inf
+    assert crossover_bytes(2, 3.56, link, slow, pipelined=False) == math.inf
+
+
+def test_cost_model_pipelined_is_the_slower_of_wire_and_compute():
+    link = LinkFit(alpha_s=1e-4, bus_bytes_per_s=2.5e8, world_size=2)
+    cost = CodecCost(2e-10, 1e-10)
+    s = 64 << 20
+    wire = s / (3.56 * 2.5e8)
+    compute = s / 2 * (2e-10 * 1.5 + 2e-10)
+    assert math.isclose(quick_s(s, 2, 3.56, link, cost), 3e-4 + max(wire, compute), rel_tol=1e-9)
+    assert math.isclose(quick_s(s, 2, 3.56, link, cost, pipelined=False), 3e-4 + wire + compute, rel_tol=1e-9)
+    x_pipe = crossover_bytes(2, 3.56, link, cost)
+    x_serial = crossover_bytes(2, 3.56, link, cost, pipelined=False)
+    assert 0 < x_pipe < x_serial < math.inf  # overlap can only make quick win earlier
+    assert math.isclose(quick_s(x_pipe, 2, 3.56, link, cost), link.plain_s(x_pipe), rel_tol=1e-6)
     with pytest.raises(ValueError):
         fit_link([1.0], [1.0], 2)

@@ -57,7 +57,7 @@ def encode_torch(x: torch.Tensor, codec: str | Codec, *, fp_wire: torch.dtype | 
     r = rows.shape[0]
     if c.kind == "fp":
         wire_dtype = fp_wire or fp_wire_dtype(x.dtype)
-        return rows.to(wire_dtype).contiguous().view(torch.uint8).view(r, c.row_bytes)
+        return rows.to(wire_dtype).contiguous().view(torch.uint8).view(r, c.wire_row_bytes(wire_dtype))
     blocks = rows.float().view(-1, BLOCK)
     if c.kind == "int":
         idx = blocks.abs().argmax(dim=1, keepdim=True)
@@ -97,11 +97,12 @@ def decode_torch(
     """The first ``n`` values of the wire rows as ``dtype`` (flat), torch ops; same values as ``decode_ref``."""
     c = get_codec(codec)
     check_dtype(dtype)
+    if c.kind == "fp":
+        wd = fp_wire or fp_wire_dtype(dtype)
+        vals = wire.reshape(-1, c.wire_row_bytes(wd)).contiguous().view(wd).reshape(-1)[:n]
+        return vals.to(dtype)
     rows = wire.reshape(-1, c.row_bytes)
     r = rows.shape[0]
-    if c.kind == "fp":
-        vals = rows.view(fp_wire or fp_wire_dtype(dtype)).reshape(-1)[:n]
-        return vals.to(dtype)
     codes = unpack_rows(rows[:, : c.code_bytes], c.bits, ROW).reshape(-1, BLOCK)
     scale = rows[:, c.code_bytes :].contiguous().view(torch.float16).reshape(-1, 1).float()
     if c.kind == "int":
@@ -131,13 +132,17 @@ def encode(
         w = encode_torch(x, c, fp_wire=fp_wire)
         return w if out is None else out.copy_(w)
     flat = x.reshape(-1).contiguous()
-    return native.encode_rows(flat, _kind(c, fp_wire or fp_wire_dtype(x.dtype)), c.bits, n_rows(flat.numel()), c.row_bytes, c.code_bytes, out)
+    wd = fp_wire or fp_wire_dtype(x.dtype)
+    rb = c.wire_row_bytes(wd)
+    if out is not None and tuple(out.shape) != (n_rows(flat.numel()), rb):
+        raise ValueError(f"encode: out has shape {tuple(out.shape)}, the wire needs {(n_rows(flat.numel()), rb)}")
+    return native.encode_rows(flat, _kind(c, wd), c.bits, n_rows(flat.numel()), rb, c.wire_code_bytes(wd), out)
 
 
 def _kind(c: Codec, fp_wire: torch.dtype | None = None) -> int:
-    """The C kernel's codec id; the FP codec's depends on its 16-bit wire dtype."""
+    """The C kernel's codec id; the FP codec's depends on its wire dtype (bf16 2, fp16 3, fp32 4)."""
     if c.kind == "fp":
-        return 3 if fp_wire == torch.float16 else 2
+        return {torch.float16: 3, torch.float32: 4}.get(fp_wire, 2)
     return 0 if c.kind == "int" else 1
 
 
@@ -156,17 +161,42 @@ def decode(
     if not _native_ok(wire, c) or (out is not None and not out.is_contiguous()):
         vals = decode_torch(wire, c, n, dtype, fp_wire=fp_wire)
         return vals if out is None else out.copy_(vals)
-    rows = wire.reshape(-1, c.row_bytes).contiguous()
-    kind = _kind(c, fp_wire or fp_wire_dtype(dtype))
-    return native.decode_rows(rows, kind, c.bits, c.row_bytes, c.code_bytes, n, dtype, out)
+    wd = fp_wire or fp_wire_dtype(dtype)
+    rb = c.wire_row_bytes(wd)
+    rows = wire.reshape(-1, rb).contiguous()
+    return native.decode_rows(rows, _kind(c, wd), c.bits, rb, c.wire_code_bytes(wd), n, dtype, out)
 
 
 def decode_add(acc: torch.Tensor, wire: torch.Tensor, codec: str | Codec, *, fp_wire: torch.dtype) -> None:
     """``acc += decode(wire)`` for a flat fp32 ``acc`` (fused on CPU); same bits as the unfused sum."""
     c = get_codec(codec)
     if _native_ok(wire, c) and acc.is_contiguous():
-        rows = wire.reshape(-1, c.row_bytes).contiguous()
-        native.decode_rows(rows, _kind(c, fp_wire), c.bits, c.row_bytes, c.code_bytes, acc.numel(), out=acc,
+        rb = c.wire_row_bytes(fp_wire)
+        rows = wire.reshape(-1, rb).contiguous()
+        native.decode_rows(rows, _kind(c, fp_wire), c.bits, rb, c.wire_code_bytes(fp_wire), acc.numel(), out=acc,
                            accumulate=True)
     else:
         acc += decode(wire, c, acc.numel(), torch.float32, fp_wire=fp_wire)
+
+
+def reduce_encode(wires: list[torch.Tensor], codec: str | Codec, *, fp_wire: torch.dtype, clamp: float = 0.0,
+                  out: torch.Tensor | None = None, fused: bool = True) -> torch.Tensor:
+    """encode(clamp(decode(wires[0]) + decode(wires[1]) + ...)) with fp32 sums in list order: the
+    middle step of the two-shot all-reduce. On CPU one fused C pass per row (the fp32 sum stays
+    in cache); elsewhere, or with ``fused=False``, the unfused steps. Same bytes either way (tested).
+    ``clamp`` > 0: clamp the sum to ±clamp before encoding (float16 overflow handling)."""
+    c = get_codec(codec)
+    rb = c.wire_row_bytes(fp_wire)
+    rows = wires[0].reshape(-1, rb).shape[0]
+    if fused and all(_native_ok(w, c) and w.is_contiguous() for w in wires) and (out is None or out.is_contiguous()):
+        if out is None:
+            out = torch.empty(rows, rb, dtype=torch.uint8)
+        return native.reduce_rows([w.reshape(-1, rb) for w in wires], _kind(c, fp_wire), c.bits, rb,
+                                  c.wire_code_bytes(fp_wire), clamp, out)
+    n = rows * ROW
+    acc = decode(wires[0], c, n, torch.float32, fp_wire=fp_wire)
+    for w in wires[1:]:
+        decode_add(acc, w, c, fp_wire=fp_wire)
+    if clamp > 0:
+        acc.clamp_(-clamp, clamp)
+    return encode(acc, c, fp_wire=fp_wire, out=out)

@@ -38,12 +38,15 @@ def _encode_block(b: torch.Tensor, c: Codec) -> tuple[torch.Tensor, torch.Tensor
 
 
 def encode_ref(x: torch.Tensor, codec: str | Codec, *, fp_wire: torch.dtype | None = None) -> torch.Tensor:
-    """Wire bytes ``[rows, row_bytes]`` of ``x`` (any shape, flattened, zero padded to rows)."""
+    """Wire bytes ``[rows, row_bytes]`` of ``x`` (any shape, flattened, zero padded to rows).
+
+    FP codec: the values as ``fp_wire`` (default: x's own dtype, i.e. the raw bytes)."""
     c = get_codec(codec)
     check_dtype(x.dtype)
     rows = _rows(x)
     if c.kind == "fp":
-        return rows.to(fp_wire or fp_wire_dtype(x.dtype)).contiguous().view(torch.uint8).reshape(rows.shape[0], c.row_bytes)
+        wd = fp_wire or fp_wire_dtype(x.dtype)
+        return rows.to(wd).contiguous().view(torch.uint8).reshape(rows.shape[0], c.wire_row_bytes(wd))
     codes, scales = [], []
     for b in rows.float().reshape(-1, BLOCK):  # one block at a time: plain and obviously right
         try:
@@ -65,10 +68,11 @@ def decode_ref(
     """The first ``n`` values of the wire rows, as ``dtype``, flat."""
     c = get_codec(codec)
     check_dtype(dtype)
-    rows = wire.reshape(-1, c.row_bytes)
     if c.kind == "fp":
-        vals = rows.contiguous().view(fp_wire or fp_wire_dtype(dtype)).reshape(-1)
+        wd = fp_wire or fp_wire_dtype(dtype)
+        vals = wire.reshape(-1, c.wire_row_bytes(wd)).contiguous().view(wd).reshape(-1)
         return vals[:n].to(dtype)
+    rows = wire.reshape(-1, c.row_bytes)
     codes = unpack(rows[:, : c.code_bytes].contiguous(), c.bits, ROW).reshape(-1, BLOCK)
     scale = rows[:, c.code_bytes :].contiguous().view(torch.float16).reshape(-1)
     if c.kind == "int":

@@ -1,7 +1,8 @@
 """The all-reduce wire formats: names, bit widths and the exact bytes of one row.
 
 A row is 2048 values: first the codes (bit planes, see ``lowbit.formats.packing``), then the
-64 FP16 scales of its 32-value blocks. The FP codec sends the raw 16-bit values instead.
+64 FP16 scales of its 32-value blocks. The FP codec sends the raw values in the input's own dtype
+instead (fp16/bf16: 4096 bytes per row, fp32: 8192), so it is exact up to summation order.
 A flat tensor is padded with zeros to whole rows; zeros never change a block's scale.
 """
 
@@ -22,7 +23,11 @@ FP16_MAX = 65504.0
 
 @dataclass(frozen=True)
 class Codec:
-    """One wire format. ``kind`` is "fp" (raw 16-bit), "int" (symmetric integer) or "fp4" (E2M1)."""
+    """One wire format. ``kind`` is "fp" (raw values), "int" (symmetric integer) or "fp4" (E2M1).
+
+    ``code_bytes`` / ``row_bytes`` are the sizes for 16-bit input; ``wire_row_bytes(dtype)`` is the
+    size for any input dtype (only the FP codec's depends on it).
+    """
 
     name: str
     kind: str
@@ -30,14 +35,25 @@ class Codec:
 
     @property
     def code_bytes(self) -> int:
-        """Bytes of the codes of one row (the FP codec has no separate scales)."""
-        if self.kind == "fp":
-            return ROW * 2
-        return packed_size(ROW, self.bits)
+        """Bytes of the codes of one row of 16-bit input (the FP codec has no separate scales)."""
+        return self.wire_code_bytes(torch.bfloat16)
 
     @property
     def row_bytes(self) -> int:
-        return self.code_bytes + (0 if self.kind == "fp" else SCALE_BYTES)
+        """Bytes of one row of 16-bit input; see :meth:`wire_row_bytes` for float32."""
+        return self.wire_row_bytes(torch.bfloat16)
+
+    def wire_code_bytes(self, dtype: torch.dtype) -> int:
+        """Bytes of the codes of one row whose values travel as ``dtype`` (FP codec: 2 or 4 per value)."""
+        if self.kind == "fp":
+            check_dtype(dtype)
+            return ROW * _ELEM_SIZE[dtype]
+        return packed_size(ROW, self.bits)
+
+    def wire_row_bytes(self, dtype: torch.dtype) -> int:
+        """Exact bytes of one wire row for ``dtype`` values: FP 4096 (fp16/bf16) or 8192 (fp32),
+        INT8 2176, INT6 1664, INT4 1152, INT3 896, FP4 1152 whatever the dtype."""
+        return self.wire_code_bytes(dtype) + (0 if self.kind == "fp" else SCALE_BYTES)
 
     @property
     def qmin(self) -> int:
@@ -53,8 +69,9 @@ class Codec:
         return 2 ** (self.bits - 1)
 
     def ratio(self, dtype: torch.dtype = torch.bfloat16) -> float:
-        """Bytes of the input over bytes on the wire (fp16/bf16 input: FP4/INT4 3.56x)."""
-        return ROW * torch.tensor([], dtype=dtype).element_size() / self.row_bytes
+        """Bytes of the input over bytes on the wire (fp16/bf16 input: FP4/INT4 3.56x; FP always 1x)."""
+        check_dtype(dtype)
+        return ROW * _ELEM_SIZE[dtype] / self.wire_row_bytes(dtype)
 
 
 CODECS: dict[str, Codec] = {
@@ -67,6 +84,7 @@ CODECS: dict[str, Codec] = {
 }
 
 INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_ELEM_SIZE = {torch.float16: 2, torch.bfloat16: 2, torch.float32: 4}
 
 
 def get_codec(codec: str | Codec) -> Codec:
@@ -79,9 +97,13 @@ def get_codec(codec: str | Codec) -> Codec:
 
 
 def fp_wire_dtype(dtype: torch.dtype) -> torch.dtype:
-    """16-bit dtype of the FP codec's wire: fp16 and bf16 as they are, fp32 as bf16 (keeps range)."""
+    """The FP codec's wire dtype for ``dtype`` input: the dtype itself (raw values, no rounding).
+
+    float32 used to travel as bf16, which made the ``fp`` all-reduce differ from ``dist.all_reduce``
+    by ~1e-3 relative; callers may still ask for another wire with ``fp_wire=``.
+    """
     check_dtype(dtype)
-    return torch.float16 if dtype == torch.float16 else torch.bfloat16
+    return dtype
 
 
 def check_dtype(dtype: torch.dtype) -> None:

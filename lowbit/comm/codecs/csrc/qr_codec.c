@@ -2,7 +2,10 @@
  * One pass per 2048-value row: block scales, codes and bit planes without temporaries.
  * Bit-exact to the torch implementations: IEEE fp32 divide, rint (round half to even),
  * fp16 scales via _Float16 (round to nearest even), integer scales rounded away from zero
- * when fp16 rounding shrank them. Build: cc -O3 -shared -fPIC (no -ffast-math). */
+ * when fp16 rounding shrank them. Build: cc -O3 -march=native -shared -fPIC (no -ffast-math);
+ * with AVX2 + F16C the row steps use the intrinsics of qr_avx2.h (same operations, same bits),
+ * -DQR_NO_SIMD or another CPU gives the portable loops below. qr_reduce fuses the all-reduce's
+ * decode + sum + re-encode per row. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -12,6 +15,10 @@
 #define NBLK (ROW / BLK)
 #define HALF_NAN 0x7E00u
 #define HALF_ONE 0x3C00u
+
+#if defined(__AVX2__) && defined(__F16C__) && !defined(QR_NO_SIMD)
+#include "qr_avx2.h"
+#endif
 
 static inline uint16_t h_bits(_Float16 h) { uint16_t b; memcpy(&b, &h, 2); return b; }
 static inline _Float16 h_from(uint16_t b) { _Float16 h; memcpy(&h, &b, 2); return h; }
@@ -35,7 +42,7 @@ static void load_row(const void *in, int in_type, int64_t start, int64_t n, floa
     for (int64_t i = m; i < ROW; i++) buf[i] = 0.0f;
 }
 
-static inline __attribute__((always_inline)) void pack_plane(const uint8_t *codes, int shift, int w, uint8_t *out) {
+__attribute__((unused)) static inline void pack_plane_c(const uint8_t *codes, int shift, int w, uint8_t *out) {
     const int per = 8 / w;
     const uint8_t mask = (uint8_t)((1u << w) - 1u);
     for (int i = 0; i < ROW / per; i++) {
@@ -45,12 +52,20 @@ static inline __attribute__((always_inline)) void pack_plane(const uint8_t *code
     }
 }
 
-static inline __attribute__((always_inline)) void unpack_plane(const uint8_t *in, int shift, int w, uint8_t *codes) {
+__attribute__((unused)) static inline void unpack_plane_c(const uint8_t *in, int shift, int w, uint8_t *codes) {
     const int per = 8 / w;
     const uint8_t mask = (uint8_t)((1u << w) - 1u);
     for (int i = 0; i < ROW / per; i++)
         for (int j = 0; j < per; j++) codes[i * per + j] |= (uint8_t)(((in[i] >> (j * w)) & mask) << shift);
 }
+
+#ifdef QR_SIMD
+#define pack_plane(codes, shift, w, out) simd_pack_plane(codes, shift, w, out)
+#define unpack_plane(in, shift, w, codes) simd_unpack_plane(in, shift, w, codes, shift == 0)
+#else
+#define pack_plane pack_plane_c
+#define unpack_plane unpack_plane_c
+#endif
 
 /* Planes of 4, 2, 1 bits, low bits first, one after another (8 bits: the bytes themselves). */
 static void pack_planes(const uint8_t *codes, int bits, uint8_t *out) {
@@ -64,7 +79,9 @@ static void pack_planes(const uint8_t *codes, int bits, uint8_t *out) {
 
 static void unpack_planes(const uint8_t *in, int bits, uint8_t *codes) {
     if (bits == 8) { memcpy(codes, in, ROW); return; }
-    memset(codes, 0, ROW);
+#ifndef QR_SIMD
+    memset(codes, 0, ROW); /* the SIMD planes overwrite on the first (shift 0) plane */
+#endif
     switch (bits) {
     case 6: unpack_plane(in, 0, 4, codes); unpack_plane(in + ROW / 2, 4, 2, codes); break;
     case 4: unpack_plane(in, 0, 4, codes); break;
@@ -79,12 +96,108 @@ static inline uint16_t to_bf16(float f) { /* round to nearest even; NaN -> 0xFFF
     return (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
 }
 
-/* kind 0: symmetric integer (bits 3..8), kind 1: FP4 E2M1, 2/3: FP with a bf16/fp16 wire. in_type 0 f32, 1 bf16, 2 f16. */
+/* Portable per-block encoder: scale (fp16 bits into *scale) and codes of one 32-value block. */
+__attribute__((unused)) static void encode_block_scalar(int kind, int qmin, int qmax, int bias, const float *x, uint8_t *c, uint16_t *scale) {
+    /* |x| as integer bits: order-preserving for non-negative floats, so the max
+     * vectorises; NaN/Inf are exactly the bits >= 0x7F800000. */
+    uint32_t mb = 0;
+    const uint32_t *xb = (const uint32_t *)x;
+    for (int j = 0; j < BLK; j++) {
+        uint32_t a = xb[j] & 0x7FFFFFFFu;
+        mb = a > mb ? a : mb;
+    }
+    int finite = mb < 0x7F800000u, bi = BLK - 1;
+    for (int j = 0; j < BLK; j++) { /* first index of the max, like argmax (vectorised min) */
+        int cand = (xb[j] & 0x7FFFFFFFu) == mb ? j : BLK - 1;
+        bi = cand < bi ? cand : bi;
+    }
+    float best = fabsf(x[bi]);
+    _Float16 h = 0;
+    int bad = !finite;
+    if (!bad) {
+        if (kind == 0) {
+            float s32 = x[bi] / (float)qmin;
+            h = (_Float16)s32;
+            if (fabsf((float)h) < fabsf(s32)) h = h_from((uint16_t)(h_bits(h) + 1u)); /* away from 0 */
+        } else {
+            h = (_Float16)(best / 6.0f);
+        }
+        if (isinf((float)h)) bad = 1;
+    }
+    if (bad) {
+        memset(c, 0, BLK);
+        *scale = HALF_NAN;
+        return;
+    }
+    uint16_t hb = h_bits(h);
+    if ((hb & 0x7FFFu) == 0) { hb = HALF_ONE; h = h_from(hb); }
+    *scale = hb;
+    float s = (float)h;
+    if (kind == 0) {
+        for (int j = 0; j < BLK; j++) { /* finite here: an integer clamp vectorises */
+            int q = (int)rintf(x[j] / s);
+            q = q < qmin ? qmin : q;
+            q = q > qmax ? qmax : q;
+            c[j] = (uint8_t)(q + bias);
+        }
+    } else {
+        for (int j = 0; j < BLK; j++) {
+            float v = x[j] / s, a = fabsf(v);
+            int idx = (a > 0.25f) + (a > 0.75f) + (a > 1.25f) + (a > 1.75f) + (a > 2.5f) + (a > 3.5f) + (a > 5.0f)
+                      + (a == 0.75f) + (a == 1.75f) + (a == 3.5f);
+            c[j] = (uint8_t)(idx | ((v < 0.0f) << 3));
+        }
+    }
+}
+
+/* One row of 2048 floats -> its wire bytes (any kind; FP kinds round to their wire dtype). */
+static void encode_row(const float *buf, int kind, int bits, uint8_t *orow, int64_t code_bytes) {
+    uint8_t codes[ROW];
+    const int qmin = -(1 << (bits - 1)), qmax = (1 << (bits - 1)) - 1, bias = 1 << (bits - 1);
+    if (kind == 4) { memcpy(orow, buf, ROW * sizeof(float)); return; }
+    if (kind >= 2) {
+        uint16_t *o = (uint16_t *)orow;
+        if (kind == 2)
+            for (int i = 0; i < ROW; i++) o[i] = to_bf16(buf[i]);
+        else
+            for (int i = 0; i < ROW; i++) { _Float16 h = (_Float16)buf[i]; memcpy(&o[i], &h, 2); }
+        return;
+    }
+    uint16_t *scales = (uint16_t *)(orow + code_bytes);
+#ifdef QR_SIMD
+    float amax[NBLK], s[NBLK];
+    int32_t mbits[NBLK];
+    int16_t bad[NBLK];
+    simd_row_absmax(buf, amax, mbits);
+    simd_row_scales(kind, qmin, amax, mbits, scales, s, bad);
+    for (int b = 0; b < NBLK; b++) {
+        if (bad[b]) memset(codes + b * BLK, 0, BLK);
+        else simd_block_codes(kind, qmin, qmax, bias, buf + b * BLK, s[b], codes + b * BLK);
+    }
+#else
+    for (int b = 0; b < NBLK; b++) encode_block_scalar(kind, qmin, qmax, bias, buf + b * BLK, codes + b * BLK, scales + b);
+#endif
+    pack_planes(codes, kind == 0 ? bits : 4, orow);
+}
+
+/* kind 0: symmetric integer (bits 3..8), kind 1: FP4 E2M1, 2/3/4: FP with a bf16/fp16/fp32 wire. in_type 0 f32, 1 bf16, 2 f16. */
 void qr_encode(const void *in, int in_type, int64_t n, int64_t rows, int kind, int bits,
                uint8_t *out, int64_t row_bytes, int64_t code_bytes) {
     float buf[ROW];
-    uint8_t codes[ROW];
-    const int qmin = -(1 << (bits - 1)), qmax = (1 << (bits - 1)) - 1, bias = 1 << (bits - 1);
+    if (kind == 4) { /* FP codec, fp32 wire: the raw fp32 values (16-bit input widens exactly) */
+        for (int64_t r = 0; r < rows; r++) {
+            float *o = (float *)(out + r * row_bytes);
+            if (in_type == 0) {
+                int64_t avail = n - r * ROW, m = avail < ROW ? (avail > 0 ? avail : 0) : ROW;
+                memcpy(o, (const float *)in + r * ROW, (size_t)m * 4);
+                memset(o + m, 0, (size_t)(ROW - m) * 4);
+            } else {
+                load_row(in, in_type, r * ROW, n, buf);
+                memcpy(o, buf, sizeof buf);
+            }
+        }
+        return;
+    }
     if (kind >= 2) { /* FP codec: the raw 16-bit values (kind 2: bf16 wire, kind 3: fp16 wire) */
         for (int64_t r = 0; r < rows; r++) {
             uint16_t *o = (uint16_t *)(out + r * row_bytes);
@@ -95,108 +208,72 @@ void qr_encode(const void *in, int in_type, int64_t n, int64_t rows, int kind, i
                 continue;
             }
             load_row(in, in_type, r * ROW, n, buf);
-            if (kind == 2)
-                for (int i = 0; i < ROW; i++) o[i] = to_bf16(buf[i]);
-            else
-                for (int i = 0; i < ROW; i++) { _Float16 h = (_Float16)buf[i]; memcpy(&o[i], &h, 2); }
+            encode_row(buf, kind, bits, (uint8_t *)o, 0);
         }
         return;
     }
     for (int64_t r = 0; r < rows; r++) {
         load_row(in, in_type, r * ROW, n, buf);
-        uint16_t *scales = (uint16_t *)(out + r * row_bytes + code_bytes);
-        for (int b = 0; b < NBLK; b++) {
-            const float *x = buf + b * BLK;
-            uint8_t *c = codes + b * BLK;
-            /* |x| as integer bits: order-preserving for non-negative floats, so the max
-             * vectorises; NaN/Inf are exactly the bits >= 0x7F800000. */
-            uint32_t mb = 0;
-            const uint32_t *xb = (const uint32_t *)x;
-            for (int j = 0; j < BLK; j++) {
-                uint32_t a = xb[j] & 0x7FFFFFFFu;
-                mb = a > mb ? a : mb;
-            }
-            int finite = mb < 0x7F800000u, bi = BLK - 1;
-            for (int j = 0; j < BLK; j++) { /* first index of the max, like argmax (vectorised min) */
-                int cand = (xb[j] & 0x7FFFFFFFu) == mb ? j : BLK - 1;
-                bi = cand < bi ? cand : bi;
-            }
-            float best = fabsf(x[bi]);
-            _Float16 h = 0;
-            int bad = !finite;
-            if (!bad) {
-                if (kind == 0) {
-                    float s32 = x[bi] / (float)qmin;
-                    h = (_Float16)s32;
-                    if (fabsf((float)h) < fabsf(s32)) h = h_from((uint16_t)(h_bits(h) + 1u)); /* away from 0 */
-                } else {
-                    h = (_Float16)(best / 6.0f);
-                }
-                if (isinf((float)h)) bad = 1;
-            }
-            if (bad) {
-                memset(c, 0, BLK);
-                scales[b] = HALF_NAN;
-                continue;
-            }
-            uint16_t hb = h_bits(h);
-            if ((hb & 0x7FFFu) == 0) { hb = HALF_ONE; h = h_from(hb); }
-            scales[b] = hb;
-            float s = (float)h;
-            if (kind == 0) {
-                for (int j = 0; j < BLK; j++) { /* finite here: an integer clamp vectorises */
-                    int q = (int)rintf(x[j] / s);
-                    q = q < qmin ? qmin : q;
-                    q = q > qmax ? qmax : q;
-                    c[j] = (uint8_t)(q + bias);
-                }
-            } else {
-                for (int j = 0; j < BLK; j++) {
-                    float v = x[j] / s, a = fabsf(v);
-                    int idx = (a > 0.25f) + (a > 0.75f) + (a > 1.25f) + (a > 1.75f) + (a > 2.5f) + (a > 3.5f) + (a > 5.0f)
-                              + (a == 0.75f) + (a == 1.75f) + (a == 3.5f);
-                    c[j] = (uint8_t)(idx | ((v < 0.0f) << 3));
-                }
-            }
-        }
-        pack_planes(codes, kind == 0 ? bits : 4, out + r * row_bytes);
+        encode_row(buf, kind, bits, out + r * row_bytes, code_bytes);
     }
+}
+
+/* 1 when this build uses the AVX2/F16C intrinsics of qr_avx2.h (for benchmark labels). */
+int qr_has_simd(void) {
+#ifdef QR_SIMD
+    return 1;
+#else
+    return 0;
+#endif
 }
 
 static const float E2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
                                -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
+/* One wire row -> its first m values as floats. */
+static void decode_row(const uint8_t *row, int kind, int bits, int64_t code_bytes, float *vals, int64_t m) {
+    uint8_t codes[ROW];
+    const float bias = (float)(1 << (bits - 1));
+    if (kind == 4) {
+        memcpy(vals, row, (size_t)m * sizeof(float));
+        return;
+    }
+    if (kind >= 2) {
+        const uint16_t *w = (const uint16_t *)row;
+        if (kind == 2)
+            for (int64_t i = 0; i < m; i++) { uint32_t b = ((uint32_t)w[i]) << 16; memcpy(&vals[i], &b, 4); }
+        else
+            for (int64_t i = 0; i < m; i++) { _Float16 h; memcpy(&h, &w[i], 2); vals[i] = (float)h; }
+        return;
+    }
+    unpack_planes(row, kind == 0 ? bits : 4, codes);
+    uint16_t scales[NBLK];
+    memcpy(scales, row + code_bytes, sizeof scales);
+    for (int b = 0; b < NBLK; b++) {
+        float s = (float)h_from(scales[b]);
+        const uint8_t *c = codes + b * BLK;
+        float *v = vals + b * BLK;
+#ifdef QR_SIMD
+        simd_block_decode(kind, bias, c, s, v);
+        continue;
+#endif
+        if (kind == 0)
+            for (int j = 0; j < BLK; j++) v[j] = ((float)c[j] - bias) * s;
+        else
+            for (int j = 0; j < BLK; j++) v[j] = E2M1[c[j] & 15] * s;
+    }
+}
+
 /* out_type 0: fp32 (accumulate: add into out), 1: bf16, 2: fp16. Writes the first n values. */
 void qr_decode(const uint8_t *wire, int64_t rows, int kind, int bits, int64_t row_bytes, int64_t code_bytes,
                void *out, int64_t n, int accumulate, int out_type) {
-    uint8_t codes[ROW];
     float vals[ROW];
-    const float bias = (float)(1 << (bits - 1));
     for (int64_t r = 0; r < rows; r++) {
         const uint8_t *row = wire + r * row_bytes;
         int64_t start = r * ROW;
         if (start >= n) break;
         int64_t m = n - start < ROW ? n - start : ROW;
-        if (kind >= 2) {
-            const uint16_t *w = (const uint16_t *)row;
-            if (kind == 2)
-                for (int64_t i = 0; i < m; i++) { uint32_t b = ((uint32_t)w[i]) << 16; memcpy(&vals[i], &b, 4); }
-            else
-                for (int64_t i = 0; i < m; i++) { _Float16 h; memcpy(&h, &w[i], 2); vals[i] = (float)h; }
-        } else {
-        unpack_planes(row, kind == 0 ? bits : 4, codes);
-        uint16_t scales[NBLK];
-        memcpy(scales, row + code_bytes, sizeof scales);
-        for (int b = 0; b < NBLK; b++) {
-            float s = (float)h_from(scales[b]);
-            const uint8_t *c = codes + b * BLK;
-            float *v = vals + b * BLK;
-            if (kind == 0)
-                for (int j = 0; j < BLK; j++) v[j] = ((float)c[j] - bias) * s;
-            else
-                for (int j = 0; j < BLK; j++) v[j] = E2M1[c[j] & 15] * s;
-        }
-        }
+        decode_row(row, kind, bits, code_bytes, vals, m);
         if (out_type == 0) {
             float *o = (float *)out + start;
             if (accumulate)
@@ -205,10 +282,39 @@ void qr_decode(const uint8_t *wire, int64_t rows, int kind, int bits, int64_t ro
                 memcpy(o, vals, (size_t)m * sizeof(float));
         } else if (out_type == 1) {
             uint16_t *o = (uint16_t *)out + start;
-            for (int64_t i = 0; i < m; i++) o[i] = to_bf16(vals[i]);
+            int64_t i = 0;
+#ifdef QR_SIMD
+            simd_to_bf16(vals, o, m);
+            i = m & ~(int64_t)15;
+#endif
+            for (; i < m; i++) o[i] = to_bf16(vals[i]);
         } else {
             _Float16 *o = (_Float16 *)out + start;
-            for (int64_t i = 0; i < m; i++) o[i] = (_Float16)vals[i];
+            int64_t i = 0;
+#ifdef QR_SIMD
+            simd_to_f16(vals, (uint16_t *)o, m);
+            i = m & ~(int64_t)7;
+#endif
+            for (; i < m; i++) o[i] = (_Float16)vals[i];
         }
+    }
+}
+
+/* The middle of the two-shot all-reduce, fused per row: decode the nw contributions of a segment,
+ * add them in fp32 in the given order (the first one, then += each next: the same additions as
+ * decode + decode(accumulate)), clamp float16 sums to +-clamp when clamp > 0 (NaN stays NaN, as
+ * torch.clamp), and encode the sum into out. The fp32 sum never leaves L1. */
+void qr_reduce(const uint8_t *const *wires, int nw, int64_t rows, int kind, int bits, int64_t row_bytes,
+               int64_t code_bytes, float clamp, uint8_t *out) {
+    float acc[ROW], vals[ROW];
+    for (int64_t r = 0; r < rows; r++) {
+        decode_row(wires[0] + r * row_bytes, kind, bits, code_bytes, acc, ROW);
+        for (int j = 1; j < nw; j++) {
+            decode_row(wires[j] + r * row_bytes, kind, bits, code_bytes, vals, ROW);
+            for (int i = 0; i < ROW; i++) acc[i] += vals[i];
+        }
+        if (clamp > 0)
+            for (int i = 0; i < ROW; i++) acc[i] = acc[i] < -clamp ? -clamp : (acc[i] > clamp ? clamp : acc[i]);
+        encode_row(acc, kind, bits, out + r * row_bytes, code_bytes);
     }
 }

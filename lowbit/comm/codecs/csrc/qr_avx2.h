@@ -1,0 +1,225 @@
+/* AVX2 + F16C versions of the per-row steps of qr_codec.c, used when the compiler targets them
+ * (-march=native on a machine that has them). Every step does the same IEEE operations as the
+ * portable code (fp32 divide, round half to even, fp16 round to nearest even), so both builds
+ * write the same bits; tests compare the two builds and the torch reference.
+ *
+ * Why: the portable code spends most of its time in the per-block scalar chain absmax -> argmax
+ * -> divide -> fp16 round -> compare; here the 64 scales of a row are computed 8 at a time and
+ * the first index of the block maximum comes from a movemask instead of a second pass. */
+#include <immintrin.h>
+
+#define QR_SIMD 1
+
+/* Signed absmax (the first element of largest magnitude, as argmax picks) and the magnitude
+ * bits of each block of a row; magnitude bits >= 0x7F800000 mean NaN/Inf in the block. */
+static inline void simd_row_absmax(const float *buf, float *amax, int32_t *mbits) {
+    const __m256i am = _mm256_set1_epi32(0x7FFFFFFF);
+    for (int b = 0; b < NBLK; b++) {
+        const float *x = buf + b * BLK;
+        __m256i a0 = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)x), am);
+        __m256i a1 = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + 8)), am);
+        __m256i a2 = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + 16)), am);
+        __m256i a3 = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + 24)), am);
+        /* magnitudes are non-negative int32: the signed max orders them like the floats */
+        __m256i m = _mm256_max_epi32(_mm256_max_epi32(a0, a1), _mm256_max_epi32(a2, a3));
+        m = _mm256_max_epi32(m, _mm256_permute2x128_si256(m, m, 1));
+        m = _mm256_max_epi32(m, _mm256_shuffle_epi32(m, 0x4E));
+        m = _mm256_max_epi32(m, _mm256_shuffle_epi32(m, 0xB1));
+        uint32_t mask = (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(a0, m)))
+                        | (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(a1, m))) << 8
+                        | (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(a2, m))) << 16
+                        | (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(a3, m))) << 24;
+        amax[b] = x[__builtin_ctz(mask)];
+        mbits[b] = _mm256_cvtsi256_si32(m);
+    }
+}
+
+/* fp16 scale bits of the 64 blocks of a row (written to ``scales``), their float values and a
+ * bad flag (-1: non-finite block or scale beyond fp16; scale NaN). kind 0: integer, 1: FP4. */
+static inline void simd_row_scales(int kind, int qmin, const float *amax, const int32_t *mbits,
+                                   uint16_t *scales, float *s, int16_t *bad) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    const __m128i h7fff = _mm_set1_epi16(0x7FFF), hinf = _mm_set1_epi16(0x7C00);
+    const __m128i hone = _mm_set1_epi16((short)HALF_ONE), hnan = _mm_set1_epi16((short)HALF_NAN);
+    for (int k = 0; k < NBLK; k += 8) {
+        __m256 a = _mm256_loadu_ps(amax + k);
+        __m256i nonfinite = _mm256_cmpgt_epi32(_mm256_loadu_si256((const __m256i *)(mbits + k)),
+                                               _mm256_set1_epi32(0x7F7FFFFF));
+        __m256 s32 = kind == 0 ? _mm256_div_ps(a, _mm256_set1_ps((float)qmin))
+                               : _mm256_div_ps(_mm256_and_ps(a, absmask), _mm256_set1_ps(6.0f));
+        __m128i h = _mm256_cvtps_ph(s32, _MM_FROUND_TO_NEAREST_INT);
+        if (kind == 0) { /* fp16 rounding shrank the scale: one step away from zero */
+            __m256 back = _mm256_cvtph_ps(h);
+            __m256i shrunk = _mm256_castps_si256(
+                _mm256_cmp_ps(_mm256_and_ps(back, absmask), _mm256_and_ps(s32, absmask), _CMP_LT_OQ));
+            h = _mm_sub_epi16(h, _mm_packs_epi32(_mm256_castsi256_si128(shrunk), _mm256_extracti128_si256(shrunk, 1)));
+        }
+        __m128i habs = _mm_and_si128(h, h7fff);
+        __m128i b16 = _mm_or_si128(_mm_packs_epi32(_mm256_castsi256_si128(nonfinite), _mm256_extracti128_si256(nonfinite, 1)),
+                                   _mm_cmpeq_epi16(habs, hinf));
+        h = _mm_blendv_epi8(h, hone, _mm_cmpeq_epi16(habs, _mm_setzero_si128()));
+        h = _mm_blendv_epi8(h, hnan, b16);
+        _mm_storeu_si128((__m128i *)(scales + k), h);
+        _mm256_storeu_ps(s + k, _mm256_cvtph_ps(h));
+        _mm_storeu_si128((__m128i *)(bad + k), b16);
+    }
+}
+
+/* 4 vectors of int32 codes 0..255 -> 32 bytes in order. */
+static inline void simd_store_codes(__m256i q0, __m256i q1, __m256i q2, __m256i q3, uint8_t *c) {
+    __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
+    b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)c, b);
+}
+
+static inline __m256i simd_int_code(__m256 x, __m256 sv, __m256 lo, __m256 hi, __m256 bias) {
+    __m256 q = _mm256_round_ps(_mm256_div_ps(x, sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    q = _mm256_add_ps(_mm256_min_ps(_mm256_max_ps(q, lo), hi), bias); /* integral: clamp in float is exact */
+    return _mm256_cvttps_epi32(q);
+}
+
+static inline __m256i simd_fp4_code(__m256 x, __m256 sv) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 v = _mm256_div_ps(x, sv), a = _mm256_and_ps(v, absmask);
+    __m256i idx = _mm256_setzero_si256();
+#define QR_GT(t) idx = _mm256_sub_epi32(idx, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(t), _CMP_GT_OQ)))
+#define QR_EQ(t) idx = _mm256_sub_epi32(idx, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(t), _CMP_EQ_OQ)))
+    QR_GT(0.25f); QR_GT(0.75f); QR_GT(1.25f); QR_GT(1.75f); QR_GT(2.5f); QR_GT(3.5f); QR_GT(5.0f);
+    QR_EQ(0.75f); QR_EQ(1.75f); QR_EQ(3.5f); /* ties that round up to the even neighbour */
+#undef QR_GT
+#undef QR_EQ
+    __m256i neg = _mm256_castps_si256(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ));
+    return _mm256_or_si256(idx, _mm256_and_si256(neg, _mm256_set1_epi32(8)));
+}
+
+/* Codes of one finite block with scale s. */
+static inline void simd_block_codes(int kind, int qmin, int qmax, int bias, const float *x, float s, uint8_t *c) {
+    const __m256 sv = _mm256_set1_ps(s);
+    __m256i q[4];
+    if (kind == 0) {
+        const __m256 lo = _mm256_set1_ps((float)qmin), hi = _mm256_set1_ps((float)qmax), bv = _mm256_set1_ps((float)bias);
+        for (int i = 0; i < 4; i++) q[i] = simd_int_code(_mm256_loadu_ps(x + 8 * i), sv, lo, hi, bv);
+    } else {
+        for (int i = 0; i < 4; i++) q[i] = simd_fp4_code(_mm256_loadu_ps(x + 8 * i), sv);
+    }
+    simd_store_codes(q[0], q[1], q[2], q[3], c);
+}
+
+/* Values of one block: integer ((code - bias) * s) or E2M1 (table[code] * s). */
+static inline void simd_block_decode(int kind, float bias, const uint8_t *c, float s, float *v) {
+    const __m256 sv = _mm256_set1_ps(s);
+    if (kind == 0) {
+        const __m256 bv = _mm256_set1_ps(bias);
+        for (int i = 0; i < 4; i++) {
+            __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + 8 * i))));
+            _mm256_storeu_ps(v + 8 * i, _mm256_mul_ps(_mm256_sub_ps(f, bv), sv));
+        }
+    } else {
+        const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+        for (int i = 0; i < 4; i++) {
+            __m256i ci = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + 8 * i)));
+            __m256 m = _mm256_permutevar8x32_ps(mag, ci); /* uses the low 3 bits */
+            __m256i sign = _mm256_slli_epi32(_mm256_and_si256(ci, _mm256_set1_epi32(8)), 28);
+            m = _mm256_xor_ps(m, _mm256_castsi256_ps(sign));
+            _mm256_storeu_ps(v + 8 * i, _mm256_mul_ps(m, sv));
+        }
+    }
+}
+
+/* float -> bf16 bits, round to nearest even, NaN -> 0xFFFF (as to_bf16). n: multiple of 8. */
+static inline void simd_to_bf16(const float *v, uint16_t *o, int64_t n) {
+    const __m256i one = _mm256_set1_epi32(1), r = _mm256_set1_epi32(0x7FFF);
+    for (int64_t i = 0; i + 16 <= n; i += 16) {
+        __m256i w[2];
+        for (int k = 0; k < 2; k++) {
+            __m256 f = _mm256_loadu_ps(v + i + 8 * k);
+            __m256i b = _mm256_castps_si256(f);
+            __m256i t = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(b, r), _mm256_and_si256(_mm256_srli_epi32(b, 16), one)), 16);
+            __m256i isnan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
+            w[k] = _mm256_or_si256(t, _mm256_and_si256(isnan, _mm256_set1_epi32(0xFFFF)));
+        }
+        __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(w[0], w[1]), 0xD8);
+        _mm256_storeu_si256((__m256i *)(o + i), p);
+    }
+}
+
+/* float -> fp16, round to nearest even (the same instruction the _Float16 cast compiles to). */
+static inline void simd_to_f16(const float *v, uint16_t *o, int64_t n) {
+    for (int64_t i = 0; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(o + i), _mm256_cvtps_ph(_mm256_loadu_ps(v + i), _MM_FROUND_TO_NEAREST_INT));
+}
+
+/* One bit plane of a row: bits [shift, shift + w) of every code, 8 / w codes per byte, the first
+ * code in the lowest bits (the layout of lowbit.formats.pack). 16 codes per step. */
+static inline void simd_pack_plane(const uint8_t *codes, int shift, int w, uint8_t *out) {
+    const __m128i sh = _mm_cvtsi32_si128(shift);
+    const __m128i mask = _mm_set1_epi8((char)((1 << w) - 1));
+    if (w == 4) { /* 32 codes -> 16 bytes: (word | word >> 4) & 0xFF per code pair */
+        for (int i = 0; i < ROW; i += 32) {
+            __m128i a = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(codes + i)), sh), mask);
+            __m128i b = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(codes + i + 16)), sh), mask);
+            const __m128i lo = _mm_set1_epi16(0x00FF);
+            a = _mm_and_si128(_mm_or_si128(a, _mm_srli_epi16(a, 4)), lo);
+            b = _mm_and_si128(_mm_or_si128(b, _mm_srli_epi16(b, 4)), lo);
+            _mm_storeu_si128((__m128i *)(out + i / 2), _mm_packus_epi16(a, b));
+        }
+    } else if (w == 2) { /* 64 codes -> 16 bytes: v0 + 4 v1 (maddubs), then + 16 (v2 + 4 v3) (madd) */
+        const __m128i m1 = _mm_set1_epi16(0x0401), m2 = _mm_set1_epi32(0x00100001);
+        for (int i = 0; i < ROW; i += 64) {
+            __m128i q[4];
+            for (int k = 0; k < 4; k++) {
+                __m128i v = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(codes + i + 16 * k)), sh), mask);
+                q[k] = _mm_madd_epi16(_mm_maddubs_epi16(v, m1), m2);
+            }
+            _mm_storeu_si128((__m128i *)(out + i / 4), _mm_packus_epi16(_mm_packs_epi32(q[0], q[1]), _mm_packs_epi32(q[2], q[3])));
+        }
+    } else { /* w == 1: the plane bit moved to the top of each byte; movemask packs 32 codes -> 4 bytes */
+        const __m256i up = _mm256_castsi128_si256(_mm_cvtsi32_si128(7 - shift));
+        for (int i = 0; i < ROW; i += 32) {
+            __m256i v = _mm256_sll_epi16(_mm256_loadu_si256((const __m256i *)(codes + i)), _mm256_castsi256_si128(up));
+            uint32_t bits = (uint32_t)_mm256_movemask_epi8(v);
+            memcpy(out + i / 8, &bits, 4);
+        }
+    }
+}
+
+/* Inverse of simd_pack_plane: codes |= plane << shift (first: codes = plane << shift). */
+static inline void simd_unpack_plane(const uint8_t *in, int shift, int w, uint8_t *codes, int first) {
+    const __m128i sh = _mm_cvtsi32_si128(shift);
+#define QR_PUT(p, v) do { __m128i v_ = _mm_sll_epi16((v), sh); /* codes < 2^w: no bits cross bytes */ \
+        if (!first) v_ = _mm_or_si128(v_, _mm_loadu_si128((const __m128i *)(p))); \
+        _mm_storeu_si128((__m128i *)(p), v_); } while (0)
+    if (w == 4) {
+        const __m128i m = _mm_set1_epi8(0x0F);
+        for (int i = 0; i < ROW / 2; i += 16) {
+            __m128i b = _mm_loadu_si128((const __m128i *)(in + i));
+            __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+            QR_PUT(codes + 2 * i, _mm_unpacklo_epi8(lo, hi));
+            QR_PUT(codes + 2 * i + 16, _mm_unpackhi_epi8(lo, hi));
+        }
+    } else if (w == 2) {
+        const __m128i m = _mm_set1_epi8(0x03);
+        for (int i = 0; i < ROW / 4; i += 16) {
+            __m128i b = _mm_loadu_si128((const __m128i *)(in + i));
+            __m128i a0 = _mm_and_si128(b, m), a1 = _mm_and_si128(_mm_srli_epi16(b, 2), m);
+            __m128i a2 = _mm_and_si128(_mm_srli_epi16(b, 4), m), a3 = _mm_and_si128(_mm_srli_epi16(b, 6), m);
+            __m128i t0 = _mm_unpacklo_epi8(a0, a1), t1 = _mm_unpacklo_epi8(a2, a3);
+            __m128i t2 = _mm_unpackhi_epi8(a0, a1), t3 = _mm_unpackhi_epi8(a2, a3);
+            uint8_t *o = codes + 4 * i;
+            QR_PUT(o, _mm_unpacklo_epi16(t0, t1));
+            QR_PUT(o + 16, _mm_unpackhi_epi16(t0, t1));
+            QR_PUT(o + 32, _mm_unpacklo_epi16(t2, t3));
+            QR_PUT(o + 48, _mm_unpackhi_epi16(t2, t3));
+        }
+    } else { /* w == 1: each byte spread over 8 codes, bit j -> code j */
+        const __m128i sel = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, (char)128, 1, 2, 4, 8, 16, 32, 64, (char)128);
+        const __m128i one = _mm_set1_epi8(1);
+        for (int i = 0; i < ROW / 8; i += 2) {
+            uint16_t two;
+            memcpy(&two, in + i, 2);
+            __m128i b = _mm_shuffle_epi8(_mm_cvtsi32_si128(two), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+            QR_PUT(codes + 8 * i, _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(b, sel), sel), one));
+        }
+    }
+#undef QR_PUT
+}
