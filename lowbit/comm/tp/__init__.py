@@ -2,7 +2,8 @@
 
 ``load_tp_shard`` builds one rank's shard from a checkpoint (lowbit.comm.tp.shard); the split
 rule is in lowbit.comm.tp.plan; ``run_tp_eval`` (lowbit.comm.tp.eval) launches the ranks and
-returns perplexity or KL on rank 0.
+returns perplexity or KL on rank 0; ``decode_bench`` (lowbit.comm.tp.decode) times greedy decoding
+under TP per all-reduce, unshaped and on shaped links (``lowbit bench tp-decode``).
 """
 
 from .plan import TPSplitError, attention_plan, make_plan
