@@ -97,6 +97,10 @@ def _make_model(base, fmt: str, tokenizer, args, device):
     stored = module_bytes(layers)
     counts = dict(accelerate(model, args.kernel))
     model.to(device)
+    if scheme.activations.bits >= 16 and not counts.get("kept_reference"):
+        # weight-only ("A16") formats: everything that is not a quantized linear (embeddings, the
+        # LM head, norms, attention, KV cache) runs in bf16 exactly as in the BF16 baseline
+        model.to(dtype=torch.bfloat16)
     return model, stored, counts, qs
 
 

@@ -4,10 +4,16 @@ For every decoder layer: collect input statistics of its linears (float layer, i
 from the already-quantized layers before it), fold smoothing scales and the outlier
 permutation into the graph, quantize each linear (GPTQ or RTN) into a packed
 :class:`~lowbit.nn.QuantLinear`, then run the *quantized* layer to make the next layer's inputs.
+
+Options of GPTQ (both off in the presets; measured in the README): ``true_sequential`` collects
+statistics stage by stage inside a layer (q/k/v, o_proj, gate/up, down_proj), each from the
+already-quantized stages before it; ``float_target`` also runs a float copy of every layer on the
+float model's own hidden states and aims each linear at the float outputs.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 
@@ -20,7 +26,8 @@ from lowbit.nn.kv_cache import PackedKVCache, install_kv_quantization
 from lowbit.nn.permuted_norm import PermutedNorm
 from lowbit.nn.quant_linear import QuantLinear
 
-from .calibrate import InputStats, capture_layer_inputs, collect_stats, run_layer
+from .calibrate import InputStats, capture_layer_inputs, capture_linear_inputs, collect_stats, run_layer
+from .float_target import float_target_weight
 from .outliers import outlier_permutation
 from .scheme import Scheme
 from .smooth import fold_into_norm, smooth_scales
@@ -65,15 +72,33 @@ def quantize_model(model: nn.Module, scheme: Scheme, calib_ids: torch.Tensor | N
         make_cache = None
         if scheme.kv_cache.enabled and not permute_only:
             make_cache = lambda: PackedKVCache(model.config, scheme.kv_cache.bits, scheme.kv_cache.symmetric)  # noqa: E731
+        float_target = scheme.gptq.enabled and scheme.gptq.float_target and not permute_only
+        if float_target and adapter.is_moe:
+            raise ValueError("gptq.float_target needs the same tokens in the float and quantized model; "
+                             "a mixture of experts routes them differently (use it on dense models)")
+        finputs = inputs if float_target else None
         for i, layer in enumerate(tqdm(layers, desc=f"quantize {scheme.name}", disable=not progress)):
+            flayer = copy.deepcopy(layer) if float_target else None
             groups = adapter.groups(layer)
-            names = [n for g in groups for n in g.linears]
-            stats = collect_stats(layer, names, inputs, kwargs)
-            for g in groups:
-                perm = _quantize_group(layer, adapter, g, stats, scheme, permute_only)
-                if perm is not None:
-                    report.permutations[f"layers.{i}.{g.linears[0]}"] = perm.tolist()
+            sequential = scheme.gptq.enabled and scheme.gptq.true_sequential and not permute_only
+            for stage in (_stages(groups) if sequential else [groups]):
+                names = [n for g in stage for n in g.linears]
+                shared = [g.linears for g in stage if g.norm is not None and not adapter.is_moe]
+                targets = None
+                if float_target:
+                    heads = [g.linears[0] for g in stage]
+                    targets = capture_linear_inputs(flayer, heads, finputs, kwargs)
+                stats = collect_stats(layer, names, inputs, kwargs, shared=shared, targets=targets, stop_early=sequential,
+                                      make_cache=make_cache if sequential else None)
+                for g in stage:
+                    perm = _quantize_group(layer, adapter, g, stats, scheme, permute_only)
+                    if perm is not None:
+                        report.permutations[f"layers.{i}.{g.linears[0]}"] = perm.tolist()
+                del stats, targets
             inputs = run_layer(layer, inputs, kwargs, make_cache)
+            if float_target:
+                finputs = run_layer(flayer, finputs, kwargs)
+                del flayer
         model.to(orig_device)
         report.layers = len(layers)
     if scheme.kv_cache.enabled and not permute_only:
@@ -83,11 +108,28 @@ def quantize_model(model: nn.Module, scheme: Scheme, calib_ids: torch.Tensor | N
     return report
 
 
+def _stages(groups: list[InputGroup]) -> list[list[InputGroup]]:
+    """Groups in forward order, cut where one group's input depends on the one before: a group
+    fed by a norm starts a stage and ends it; groups fed from inside a block (o_proj, the
+    experts' down_proj) stay together until the next norm."""
+    stages: list[list[InputGroup]] = []
+    for g in groups:
+        if g.norm is not None or not stages or stages[-1][-1].norm is not None:
+            stages.append([g])
+        else:
+            stages[-1].append(g)
+    return stages
+
+
 def _quantize_group(layer: nn.Module, adapter: Adapter, group: InputGroup, stats: dict[str, InputStats],
                     scheme: Scheme, permute_only: bool) -> torch.Tensor | None:
     mods = [get_path(layer, p) for p in group.linears]
     members = [stats[p] for p in group.linears]
     n_in = mods[0].in_features
+    if not permute_only and scheme.gptq.enabled and scheme.gptq.float_target:
+        with torch.no_grad():
+            for m, st in zip(mods, members):
+                m.weight.copy_(float_target_weight(m.weight.float(), st.xtx, st.cross, scheme.gptq.damp).to(m.weight.dtype))
     xtx = [s.xtx.clone() for s in members]
     sqsum = torch.stack([torch.diag(h) for h in xtx]).sum(0)
     if not permute_only and scheme.smooth.enabled and group.norm is not None:

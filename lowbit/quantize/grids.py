@@ -86,12 +86,15 @@ class Grid:
         q = (torch.round(x / s) + z).clamp_(0, 2 ** self.bits - 1)
         return q.to(torch.uint8), (q - z) * s
 
-    def fit_search(self, blocks: torch.Tensor, ratios: tuple[float, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Per row, the clip ratio (of ``ratios``) whose round trip has the smallest squared error."""
+    def fit_search(self, blocks: torch.Tensor, ratios: tuple[float, ...],
+                   weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per row, the clip ratio (of ``ratios``) whose round trip has the smallest squared error,
+        each column's error times ``weights`` (``[L]`` or per row ``[m, L]``) when given."""
         best_s, best_z, best_e = None, None, None
         for r in ratios:
             s, z = self.fit(blocks, r)
-            err = (self.decode(self.encode(blocks, s, z), s, z) - blocks).pow(2).sum(dim=1)
+            err = (self.decode(self.encode(blocks, s, z), s, z) - blocks).pow(2)
+            err = (err * weights if weights is not None else err).sum(dim=1)
             if best_e is None:
                 best_s, best_z, best_e = s, z, err
                 continue

@@ -45,6 +45,9 @@ class WeightArgs:
     clip_ratio: float = 1.0
     clip_search: bool = False  # per row and group, try ratios down to 0.75 and keep the best MSE
     format: str = "int"
+    clip_min: float = 0.75  # the search tries clip_steps ratios evenly from 1 down to clip_min
+    clip_steps: int = 6
+    clip_weighted: bool = False  # weight each column's squared error by its input energy (diag XᵀX)
 
     def __post_init__(self):
         _check_bits("weights", self.bits, (2, 3, 4, 5, 6, 8, 16))
@@ -54,6 +57,19 @@ class WeightArgs:
             raise SchemeError(f"weights.format must be one of {FORMATS}, got {self.format!r}")
         if self.format == "fp4" and self.bits != 4:
             raise SchemeError("weights.format 'fp4' needs bits=4")
+        _check_clip("weights.clip_min", self.clip_min)
+        if isinstance(self.clip_steps, bool) or not isinstance(self.clip_steps, int) or self.clip_steps < 1:
+            raise SchemeError(f"weights.clip_steps must be an integer >= 1, got {self.clip_steps!r}")
+        if not isinstance(self.clip_weighted, bool):
+            raise SchemeError(f"weights.clip_weighted must be true or false, got {self.clip_weighted!r}")
+
+    @property
+    def clip_ratios(self) -> tuple[float, ...]:
+        """The ratios (times ``clip_ratio``) the clipping search tries, largest first."""
+        if self.clip_steps == 1:
+            return (1.0,)
+        step = (1.0 - self.clip_min) / (self.clip_steps - 1)
+        return tuple(round(1.0 - i * step, 6) for i in range(self.clip_steps))
 
     @property
     def enabled(self) -> bool:
@@ -127,16 +143,27 @@ class KVArgs:
 
 @dataclass(frozen=True)
 class GPTQArgs:
+    """GPTQ. ``true_sequential``: inside a layer, quantize q/k/v, then o_proj, then gate/up, then
+    down_proj, each from inputs that already pass through the quantized linears before it (one
+    extra partial forward per step). ``float_target``: aim at the float model's outputs rather
+    than the float layer's outputs on quantized inputs (see :mod:`lowbit.quantize.float_target`;
+    one extra float forward per layer; dense models only)."""
+
     enabled: bool = False
     damp: float = 0.01
     block_size: int = 128
     act_order: bool = False
+    true_sequential: bool = False
+    float_target: bool = False
 
     def __post_init__(self):
         if not isinstance(self.damp, (int, float)) or not 0.0 <= float(self.damp) < 1.0:
             raise SchemeError(f"gptq.damp must be in [0, 1), got {self.damp!r}")
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size <= 0:
             raise SchemeError(f"gptq.block_size must be a positive integer, got {self.block_size!r}")
+        for flag in ("act_order", "true_sequential", "float_target"):
+            if not isinstance(getattr(self, flag), bool):
+                raise SchemeError(f"gptq.{flag} must be true or false, got {getattr(self, flag)!r}")
 
 
 @dataclass(frozen=True)

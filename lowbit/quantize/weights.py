@@ -68,10 +68,18 @@ def weight_grid(args: WeightArgs) -> Grid:
     return Grid(args.bits, args.symmetric, args.format, torch.float16)
 
 
-def _fit(grid: Grid, blocks: torch.Tensor, args: WeightArgs):
+def _ratios(args: WeightArgs) -> tuple[float, ...]:
+    default = args.clip_min == 0.75 and args.clip_steps == len(CLIP_SEARCH)
+    return tuple(r * args.clip_ratio for r in (CLIP_SEARCH if default else args.clip_ratios))
+
+
+def _fit(grid: Grid, blocks: torch.Tensor, args: WeightArgs, importance: torch.Tensor | None = None):
+    """Scales for ``[rows, L]`` blocks. ``importance`` (``[L]``, the inputs' energy diag XᵀX of
+    these columns) weights the clipping search's error when ``args.clip_weighted``: a clipped
+    column that sees large inputs costs more output error than one that sees small ones."""
     if args.clip_search:
-        ratios = tuple(r * args.clip_ratio for r in CLIP_SEARCH)
-        return grid.fit_search(blocks, ratios)
+        w = importance if (args.clip_weighted and importance is not None) else None
+        return grid.fit_search(blocks, _ratios(args), w)
     return grid.fit(blocks, args.clip_ratio)
 
 
@@ -134,8 +142,10 @@ def gptq(w: torch.Tensor, h: torch.Tensor, args: WeightArgs, gargs: GPTQArgs, n_
             raise ValueError("act_order cannot be combined with outlier columns")
         order = torch.argsort(torch.diag(h), descending=True)
         # static groups: scales from the original weights, before any error feedback
-        static = [_fit(grid, w[:, i * g:(i + 1) * g], args) for i in range(ng)]
+        d = torch.diag(h).float()
+        static = [_fit(grid, w[:, i * g:(i + 1) * g], args, d[i * g:(i + 1) * g]) for i in range(ng)]
         w, h = w[:, order], h[order][:, order]
+    hdiag = torch.diag(h).float()
     u = _prepare_hessian(h, w, gargs.damp)
     codes = torch.zeros(out, n, dtype=torch.uint8, device=w.device)
     scale = torch.zeros(out, ng, device=w.device)
@@ -159,7 +169,7 @@ def gptq(w: torch.Tensor, h: torch.Tensor, args: WeightArgs, gargs: GPTQArgs, n_
                     cur = static[gi]
                 elif col % g == 0:
                     span = torch.cat([w1[:, i:], w[:, i2:]], dim=1)[:, : min(g, n - col)]
-                    cur = _fit(grid, span, args)
+                    cur = _fit(grid, span, args, hdiag[col:col + span.shape[1]])
                 s, z = cur
                 c, q = grid.qdq_fast(x[:, None], s, z)
                 q = q[:, 0]
