@@ -25,13 +25,19 @@ def test_kv_bytes_of_dynamic_and_packed_caches():
 
 
 def test_peak_rss_sees_an_allocation():
+    """The sampler records at least the RSS that the process had while a large tensor was alive
+    (growth itself is not asserted: the allocator may reuse pages freed by earlier tests)."""
+    import time
+
+    import psutil
+
     with PeakRSS() as mem:
         x = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MiB, touched
         x.add_(1)
-        import time
-        time.sleep(0.05)
+        during = psutil.Process().memory_info().rss
+        time.sleep(4 * mem.interval)
         del x
-    assert mem.peak - mem.base > 32 << 20
+    assert mem.peak >= during > 64 << 20
 
 
 def test_bad_arguments(tmp_path):
@@ -49,6 +55,9 @@ def test_decode_small_real_run(tmp_path):
     fp, q = rows
     assert q["kernels"].get("w4a16:cpu", 0) > 0  # the kernels really ran
     assert q["layer_weight_vs_fp16"] < 0.3 and fp["layer_weight_vs_fp16"] == pytest.approx(2.0, rel=0.01)
-    assert fp["kv_vs_fp16"] == pytest.approx(2.0) and fp["kv_bytes"] == q["kv_bytes"]
+    # fp32 keeps an fp32 cache; the weight-only format runs everything outside its quantized
+    # linears in bf16, as the BF16 baseline does, so its cache is half the size
+    assert fp["kv_vs_fp16"] == pytest.approx(2.0) and q["kv_vs_fp16"] == pytest.approx(1.0)
+    assert fp["kv_bytes"] == 2 * q["kv_bytes"]
     assert all(r["decode_tok_s"] > 0 and r["peak_mem_bytes"] > 0 for r in rows)
     assert (tmp_path / "decode.png").stat().st_size > 0
