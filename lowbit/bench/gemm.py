@@ -125,6 +125,8 @@ def _copy_bandwidth(dev, sync, repeats: int) -> float:
 
 
 def run(args) -> int:
+    import itertools
+
     import torch
     import torch.nn.functional as F
     from rich.console import Console
@@ -164,7 +166,7 @@ def run(args) -> int:
                 bar.set_postfix_str(f"{sname} {kname}")
                 if kname in ("fp32", "bf16"):
                     dt = torch.float32 if kname == "fp32" else torch.bfloat16
-                    ws = [w32.to(device=dev, dtype=dt) for _ in range(_copies(dev, w32.numel() * (4 if dt == torch.float32 else 2)))]
+                    ws = [w32.to(device=dev, dtype=dt) for _ in range(_copies(dev, w32.numel() * dt.itemsize))]
                     calls = [lambda x, w=w: F.linear(x, w) for w in ws]
                     impl, wbytes, xdt = "F.linear", tensor_bytes(ws[0]), dt
                 else:
@@ -178,8 +180,8 @@ def run(args) -> int:
                     impl, wbytes, xdt = pl.kernel, tensor_bytes(pl.state), torch.float32
                 for t in batches:
                     x = torch.randn(t, n_in, device=dev).to(xdt)
-                    turn = iter(range(1 << 62))
-                    sec, n = median_time(lambda: calls[next(turn) % len(calls)](x), args.repeats, sync, args.max_seconds,
+                    rotation = itertools.cycle(calls)
+                    sec, n = median_time(lambda: next(rotation)(x), args.repeats, sync, args.max_seconds,
                                          amortize=dev.type == "cuda")
                     ops = 2.0 * t * n_in * n_out
                     moved = wbytes + x.numel() * x.element_size() + t * n_out * (4 if xdt == torch.float32 else 2)
