@@ -21,6 +21,9 @@ def register(sub) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="PART.FIELD=VALUE",
                    help="override a scheme field, e.g. outliers.count=64 (repeatable)")
     p.add_argument("--name", help="name of the resulting scheme (default: preset + overrides)")
+    p.add_argument("--tp", type=int, default=1, metavar="W",
+                   help="quantize for W tensor-parallel ranks: o_proj/down_proj get outliers, groups and GPTQ local to "
+                   "each rank's input slice, so `lowbit eval --tp W` can run the checkpoint sharded")
     p.add_argument("--out", help="write the quantized checkpoint here (safetensors + lowbit_config.json)")
     p.add_argument("--samples", type=int, default=128, help="calibration sequences (Atom: 128; use ~16 on a CPU)")
     p.add_argument("--seqlen", type=int, default=2048, help="tokens per calibration sequence (Atom: 2048)")
@@ -56,6 +59,13 @@ def run(args) -> int:
         console.print(f"[red]--device {args.device} but torch sees no CUDA device[/red]")
         return 2
     scheme = apply_overrides(get_scheme(args.scheme), args.overrides, args.name)
+    if args.tp < 1:
+        console.print(f"[red]--tp must be a positive number of ranks, got {args.tp}[/red]")
+        return 2
+    if args.tp != 1:
+        from lowbit.quantize import TPArgs
+
+        scheme = scheme.with_(name=args.name or f"{scheme.name}-tp{args.tp}", tensor_parallel=TPArgs(world=args.tp))
     t0 = time.perf_counter()
     model, tok = load_model(args.model)
     float_bytes = decoder_bytes(model)

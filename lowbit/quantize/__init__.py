@@ -5,7 +5,7 @@ package's number grids.
 """
 
 from .presets import PRESETS, get_scheme
-from .scheme import ActArgs, GPTQArgs, KVArgs, OutlierArgs, Scheme, SchemeError, SmoothArgs, WeightArgs
+from .scheme import ActArgs, GPTQArgs, KVArgs, OutlierArgs, Scheme, SchemeError, SmoothArgs, TPArgs, WeightArgs
 
 
 def __getattr__(name):
@@ -17,4 +17,4 @@ def __getattr__(name):
 
 
 __all__ = ["quantize_model", "QuantizeReport", "PRESETS", "get_scheme", "Scheme", "SchemeError",
-           "WeightArgs", "ActArgs", "OutlierArgs", "KVArgs", "GPTQArgs", "SmoothArgs"]
+           "WeightArgs", "ActArgs", "OutlierArgs", "KVArgs", "GPTQArgs", "SmoothArgs", "TPArgs"]

@@ -31,7 +31,8 @@ from .float_target import float_target_weight
 from .outliers import outlier_permutation
 from .scheme import Scheme
 from .smooth import fold_into_norm, smooth_scales
-from .weights import QuantizedWeight, gptq, rtn, split_rows
+from .row_shards import quantize_row_sharded, tp_splits
+from .weights import quantize_weights
 
 
 @dataclass
@@ -61,6 +62,7 @@ def quantize_model(model: nn.Module, scheme: Scheme, calib_ids: torch.Tensor | N
     needs_linears = scheme.weights.enabled or scheme.activations.enabled or permute_only
     _check_ids(calib_ids, needs_linears)
     t0 = time.perf_counter()
+    splits = tp_splits(model, scheme, adapter.is_moe)
     adapter.prepare(model)
     report = QuantizeReport(scheme, 0 if calib_ids is None else calib_ids.shape[0],
                             0 if calib_ids is None else calib_ids.shape[1], 0.0, 0)
@@ -91,7 +93,7 @@ def quantize_model(model: nn.Module, scheme: Scheme, calib_ids: torch.Tensor | N
                 stats = collect_stats(layer, names, inputs, kwargs, shared=shared, targets=targets, stop_early=sequential,
                                       make_cache=make_cache if sequential else None)
                 for g in stage:
-                    perm = _quantize_group(layer, adapter, g, stats, scheme, permute_only)
+                    perm = _quantize_group(layer, adapter, g, stats, scheme, permute_only, splits)
                     if perm is not None:
                         report.permutations[f"layers.{i}.{g.linears[0]}"] = perm.tolist()
                 del stats, targets
@@ -122,7 +124,7 @@ def _stages(groups: list[InputGroup]) -> list[list[InputGroup]]:
 
 
 def _quantize_group(layer: nn.Module, adapter: Adapter, group: InputGroup, stats: dict[str, InputStats],
-                    scheme: Scheme, permute_only: bool) -> torch.Tensor | None:
+                    scheme: Scheme, permute_only: bool, splits: dict[str, list[int]]) -> torch.Tensor | None:
     mods = [get_path(layer, p) for p in group.linears]
     members = [stats[p] for p in group.linears]
     n_in = mods[0].in_features
@@ -131,6 +133,8 @@ def _quantize_group(layer: nn.Module, adapter: Adapter, group: InputGroup, stats
             for m, st in zip(mods, members):
                 m.weight.copy_(float_target_weight(m.weight.float(), st.xtx, st.cross, scheme.gptq.damp).to(m.weight.dtype))
     xtx = [s.xtx.clone() for s in members]
+    if group.norm is None and len(mods) == 1 and group.linears[0] in splits:
+        return quantize_row_sharded(layer, group.linears[0], mods[0], xtx[0], splits[group.linears[0]], scheme, permute_only)
     sqsum = torch.stack([torch.diag(h) for h in xtx]).sum(0)
     if not permute_only and scheme.smooth.enabled and group.norm is not None:
         amax = torch.stack([s.amax for s in members]).amax(0)
@@ -157,7 +161,7 @@ def _quantize_group(layer: nn.Module, adapter: Adapter, group: InputGroup, stats
             input_perm = perm
         xtx = [h[perm][:, perm] for h in xtx]
     weights = [m.weight.detach().float() if perm is None else m.weight.detach().float()[:, perm] for m in mods]
-    quantized = _quantize_weights(weights, xtx, scheme, k, shared_input=group.norm is not None and not adapter.is_moe) \
+    quantized = quantize_weights(weights, xtx, scheme, k, shared_input=group.norm is not None and not adapter.is_moe) \
         if scheme.weights.enabled and not permute_only else [None] * len(mods)
     for path, m, w, qw in zip(group.linears, mods, weights, quantized):
         if permute_only or not scheme.weights.enabled:
@@ -169,15 +173,3 @@ def _quantize_group(layer: nn.Module, adapter: Adapter, group: InputGroup, stats
             new = QuantLinear.from_quantized(qw, scheme.activations, input_perm, m.bias, scheme.outliers.precision)
         set_path(layer, path, new)
     return perm
-
-
-def _quantize_weights(weights: list[torch.Tensor], xtx: list[torch.Tensor], scheme: Scheme, k: int,
-                      shared_input: bool) -> list[QuantizedWeight]:
-    """GPTQ or RTN for each weight; weights that read one input are stacked into one sweep."""
-    prec = scheme.outliers.precision
-    if not scheme.gptq.enabled:
-        return [rtn(w, scheme.weights, k, prec) for w in weights]
-    if shared_input and len(weights) > 1:
-        qw = gptq(torch.cat(weights, dim=0), xtx[0], scheme.weights, scheme.gptq, k, prec)
-        return split_rows(qw, [w.shape[0] for w in weights])
-    return [gptq(w, h, scheme.weights, scheme.gptq, k, prec) for w, h in zip(weights, xtx)]

@@ -178,6 +178,19 @@ class SmoothArgs:
             raise SchemeError(f"smooth.alpha must be in [0, 1], got {self.alpha!r}")
 
 
+@dataclass(frozen=True)
+class TPArgs:
+    """Quantize for ``world`` tensor-parallel ranks: the row-parallel linears (o_proj, down_proj)
+    get a block-diagonal outlier permutation, with groups, outliers and GPTQ local to each rank's
+    input slice, so every rank can quantize its activations without the others' channels."""
+
+    world: int = 1
+
+    def __post_init__(self):
+        if isinstance(self.world, bool) or not isinstance(self.world, int) or self.world < 1:
+            raise SchemeError(f"tensor_parallel.world must be an integer >= 1, got {self.world!r}")
+
+
 _PARTS = {
     "weights": WeightArgs,
     "activations": ActArgs,
@@ -185,6 +198,7 @@ _PARTS = {
     "kv_cache": KVArgs,
     "gptq": GPTQArgs,
     "smooth": SmoothArgs,
+    "tensor_parallel": TPArgs,
 }
 
 
@@ -197,6 +211,7 @@ class Scheme:
     kv_cache: KVArgs = field(default_factory=KVArgs)
     gptq: GPTQArgs = field(default_factory=GPTQArgs)
     smooth: SmoothArgs = field(default_factory=SmoothArgs)
+    tensor_parallel: TPArgs = field(default_factory=TPArgs)
 
     def __post_init__(self):
         if self.outliers.count and not self.weights.enabled and not self.activations.enabled:

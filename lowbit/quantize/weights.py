@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .grids import CLIP_SEARCH, Grid, from_groups, n_groups, to_groups
-from .scheme import GPTQArgs, WeightArgs
+from .scheme import GPTQArgs, Scheme, WeightArgs
 
 INT8 = Grid(8, True, "int", torch.float16)
 
@@ -200,3 +200,15 @@ def gptq(w: torch.Tensor, h: torch.Tensor, args: WeightArgs, gargs: GPTQArgs, n_
     if outlier_precision == "fp16":
         o_scale = None
     return QuantizedWeight(codes, scale, zero, outlier, o_scale, grid, args.group_size)
+
+
+def quantize_weights(weights: list[torch.Tensor], xtx: list[torch.Tensor], scheme: Scheme, k: int,
+                     shared_input: bool) -> list[QuantizedWeight]:
+    """GPTQ or RTN for each weight; weights that read one input are stacked into one sweep."""
+    prec = scheme.outliers.precision
+    if not scheme.gptq.enabled:
+        return [rtn(w, scheme.weights, k, prec) for w in weights]
+    if shared_input and len(weights) > 1:
+        qw = gptq(torch.cat(weights, dim=0), xtx[0], scheme.weights, scheme.gptq, k, prec)
+        return split_rows(qw, [w.shape[0] for w in weights])
+    return [gptq(w, h, scheme.weights, scheme.gptq, k, prec) for w, h in zip(weights, xtx)]

@@ -7,7 +7,7 @@ from lowbit.comm.launch import check_results, run_here_or_spawn, under_torchrun
 
 from .layers import ALLREDUCE_CHOICES
 from .plan import make_plan
-from .run import checkpoint_folder, eval_rank
+from .run import check_quantized_world, checkpoint_folder, eval_rank
 
 
 def check_tp_args(kind: str, model: str, tp: int, allreduce: str, ref: str | None = None) -> str:
@@ -24,6 +24,7 @@ def check_tp_args(kind: str, model: str, tp: int, allreduce: str, ref: str | Non
         raise ValueError("tensor-parallel KL needs a reference model, not a saved top-k file (--save-ref output)")
     path = checkpoint_folder(model)
     make_plan(AutoConfig.from_pretrained(path), tp)  # TPSplitError before any rank starts
+    check_quantized_world(path, tp)
     return path
 
 

@@ -7,7 +7,6 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from lowbit.comm.codecs import CODECS
@@ -37,19 +36,19 @@ def make_reducer(allreduce: str) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 class RowParallelLinear(nn.Module):
-    """``y = sum_ranks(x_r @ W_r^T) + b``: each rank holds some input columns of W; the bias is
-    added once, after the sum."""
+    """``y = sum_ranks(local_r(x_r)) + b``: each rank's ``local`` holds some input columns of W (a
+    float linear without bias, or its slice of a TP-quantized layer); the bias is added once,
+    after the sum."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, reduce: Callable[[torch.Tensor], torch.Tensor]):
+    def __init__(self, local: nn.Module, bias: torch.Tensor | None, reduce: Callable[[torch.Tensor], torch.Tensor]):
         super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.local = local
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.reduce = reduce
-        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.in_features, self.out_features = local.in_features, local.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight).contiguous()
-        y = self.reduce(y)
+        y = self.reduce(self.local(x).contiguous())
         return y if self.bias is None else y + self.bias
 
 

@@ -102,3 +102,13 @@ def make_plan(config, world: int) -> TPPlan:
     if inter < world:
         raise TPSplitError(f"cannot split an MLP of {inter} channels over {world} ranks")
     return TPPlan(world, attention_plan(n_heads, n_kv, world), even_ranges(inter, world), head_dim)
+
+
+def row_parallel_splits(config, world: int) -> dict[str, list[int]]:
+    """Input widths of each rank's slice of the row-parallel linears (paths inside a decoder
+    layer): what TP-aware quantization keeps local to each rank."""
+    plan = make_plan(config, world)
+    return {
+        "self_attn.o_proj": [len(a.q_heads) * plan.head_dim for a in plan.attn],
+        "mlp.down_proj": [hi - lo for lo, hi in plan.mlp],
+    }

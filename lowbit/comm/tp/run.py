@@ -15,18 +15,28 @@ from .shard import load_tp_shard
 
 
 def checkpoint_folder(model: str) -> str:
-    """The float safetensors folder of a model name ("default", a folder, a cached HF id)."""
+    """The safetensors folder of a model name ("default", a folder, a cached HF id): a float
+    checkpoint, or a lowbit one quantized for tensor parallelism (``lowbit quantize --tp W``)."""
     from lowbit.models.loading import resolve
 
     path = resolve(model)
-    if (Path(path) / "lowbit_config.json").is_file():
-        raise NotImplementedError(
-            f"{model} is a lowbit-quantized checkpoint; tensor-parallel evaluation of quantized (W4A4) shards "
-            "is not implemented yet: run it on the float model"
-        )
     if not Path(path).is_dir():
         raise FileNotFoundError(f"tensor parallelism needs a local checkpoint folder; {model!r} resolves to {path}")
     return path
+
+
+def check_quantized_world(path: str, world: int) -> None:
+    """For a lowbit checkpoint: the rank count it was quantized for must be ``world``."""
+    from lowbit.io.checkpoint import is_quantized_dir, read_meta
+
+    from .plan import TPSplitError
+
+    if not is_quantized_dir(path):
+        return
+    made_for = read_meta(path)["scheme"].get("tensor_parallel", {}).get("world", 1)
+    if made_for != world:
+        raise TPSplitError(f"{path} was quantized for {made_for} tensor-parallel rank(s), not {world}: run it with "
+                           f"--tp {made_for}, or quantize again with `lowbit quantize --tp {world}`")
 
 
 def forward_rank(rank: int, world: int, path: str, allreduce: str, ids: torch.Tensor) -> torch.Tensor:

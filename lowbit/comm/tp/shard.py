@@ -42,7 +42,7 @@ def _shard_layer(layer: nn.Module, prefix: str, reader: CheckpointReader, plan: 
         b = _maybe(reader, p + f"{name}.bias", lambda n: reader.row_blocks(n, kv, hd))
         setattr(attn, name, column_linear(_cast(w, dtype), _cast(b, dtype)))
     attn.num_key_value_groups = a.groups
-    attn.o_proj = RowParallelLinear(_cast(reader.cols(p + "o_proj.weight", q[0] * hd, (q[-1] + 1) * hd), dtype),
+    attn.o_proj = RowParallelLinear(column_linear(_cast(reader.cols(p + "o_proj.weight", q[0] * hd, (q[-1] + 1) * hd), dtype), None),
                                     _cast(_maybe(reader, p + "o_proj.bias", reader.full), dtype), reduce)
     mlp = layer.mlp
     p = prefix + "mlp."
@@ -50,37 +50,33 @@ def _shard_layer(layer: nn.Module, prefix: str, reader: CheckpointReader, plan: 
     for name in ("gate_proj", "up_proj"):
         b = _maybe(reader, p + f"{name}.bias", lambda n: reader.rows(n, lo, hi))
         setattr(mlp, name, column_linear(_cast(reader.rows(p + f"{name}.weight", lo, hi), dtype), _cast(b, dtype)))
-    mlp.down_proj = RowParallelLinear(_cast(reader.cols(p + "down_proj.weight", lo, hi), dtype),
+    mlp.down_proj = RowParallelLinear(column_linear(_cast(reader.cols(p + "down_proj.weight", lo, hi), dtype), None),
                                       _cast(_maybe(reader, p + "down_proj.bias", reader.full), dtype), reduce)
 
 
-def _set_param(model: nn.Module, name: str, value: torch.Tensor) -> None:
+def _set_tensor(model: nn.Module, name: str, value: torch.Tensor) -> None:
     mod_name, _, attr = name.rpartition(".")
-    setattr(model.get_submodule(mod_name), attr, nn.Parameter(value, requires_grad=False))
+    mod = model.get_submodule(mod_name)
+    if attr in mod._buffers:
+        mod._buffers[attr] = value
+    else:
+        setattr(mod, attr, nn.Parameter(value, requires_grad=False))
 
 
-def load_tp_shard(path: str | Path, rank: int, world: int, reduce: Callable[[torch.Tensor], torch.Tensor],
-                  dtype: torch.dtype = torch.float32) -> nn.Module:
-    """This rank's shard of the float checkpoint folder ``path`` as a ready causal LM (eval mode).
+def meta_skeleton(config, dtype: torch.dtype) -> nn.Module:
+    from transformers import AutoModelForCausalLM
 
-    ``reduce`` sums a tensor over the ranks in place (see :func:`lowbit.comm.tp.layers.make_reducer`).
-    Every rank must call this with the same ``world`` and run the same forwards in lockstep.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(path)
-    plan = make_plan(config, world)
-    reader = CheckpointReader(path)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    base = model.base_model
-    for i, layer in enumerate(base.layers):
-        _shard_layer(layer, f"model.layers.{i}.", reader, plan, rank, reduce, dtype)
-    for name, param in list(model.named_parameters(remove_duplicate=False)):
-        if not param.is_meta:
-            continue
-        if name in reader:
-            _set_param(model, name, _cast(reader.full(name), dtype))
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def fill_replicated(model: nn.Module, config, reader: CheckpointReader, dtype: torch.dtype, path) -> None:
+    """Load every tensor still on the meta device (embeddings, norms, head, permutations) whole,
+    re-tie a tied head and rebuild the non-persistent buffers; fail if anything is left."""
+    for name, t in list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers()):
+        if t.is_meta and name in reader:
+            v = reader.full(name)
+            _set_tensor(model, name, _cast(v, dtype) if v.is_floating_point() else v.contiguous())
     if model.get_output_embeddings().weight.is_meta:  # tied head: share the embedding
         model.get_output_embeddings().weight = model.get_input_embeddings().weight
     # non-persistent buffers: rotary frequencies (rebuilt on the CPU) and Gemma's embedding scale
@@ -94,5 +90,30 @@ def load_tp_shard(path: str | Path, rank: int, world: int, reduce: Callable[[tor
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise ValueError(f"checkpoint {path} lacks tensors for: {', '.join(left[:5])}{' ...' if len(left) > 5 else ''}")
+
+
+def load_tp_shard(path: str | Path, rank: int, world: int, reduce: Callable[[torch.Tensor], torch.Tensor],
+                  dtype: torch.dtype = torch.float32) -> nn.Module:
+    """This rank's shard of the checkpoint folder ``path`` as a ready causal LM (eval mode): a
+    float Hugging Face checkpoint, or a lowbit one quantized for ``world`` ranks.
+
+    ``reduce`` sums a tensor over the ranks in place (see :func:`lowbit.comm.tp.layers.make_reducer`).
+    Every rank must call this with the same ``world`` and run the same forwards in lockstep.
+    """
+    from transformers import AutoConfig
+
+    from lowbit.io.checkpoint import is_quantized_dir
+
+    if is_quantized_dir(path):
+        from .shard_quantized import load_tp_quantized_shard
+
+        return load_tp_quantized_shard(path, rank, world, reduce)
+    config = AutoConfig.from_pretrained(path)
+    plan = make_plan(config, world)
+    reader = CheckpointReader(path)
+    model = meta_skeleton(config, dtype)
+    for i, layer in enumerate(model.base_model.layers):
+        _shard_layer(layer, f"model.layers.{i}.", reader, plan, rank, reduce, dtype)
+    fill_replicated(model, config, reader, dtype, path)
     model.lowbit_tp_plan = plan
     return model.eval()

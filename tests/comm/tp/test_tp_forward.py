@@ -101,11 +101,3 @@ def test_missing_tensor_is_a_clear_error(checkpoints, tmp_path):
     save_file(sd, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(KeyError, match="up_proj"):
         load_tp_shard(tmp_path, 0, 2, lambda t: t)
-
-
-def test_quantized_checkpoint_is_refused_clearly(tmp_path):
-    from lowbit.comm.tp.run import checkpoint_folder
-
-    (tmp_path / "lowbit_config.json").write_text("{}")
-    with pytest.raises(NotImplementedError, match="quantized"):
-        checkpoint_folder(str(tmp_path))
