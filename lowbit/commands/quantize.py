@@ -24,6 +24,9 @@ def register(sub) -> None:
     p.add_argument("--tp", type=int, default=1, metavar="W",
                    help="quantize for W tensor-parallel ranks: o_proj/down_proj get outliers, groups and GPTQ local to "
                    "each rank's input slice, so `lowbit eval --tp W` can run the checkpoint sharded")
+    p.add_argument("--from-disk", action="store_true",
+                   help="keep the decoder layers on disk and load one at a time (peak memory: embeddings + one float "
+                   "layer + the quantized layers), for models larger than memory; needs a safetensors folder")
     p.add_argument("--out", help="write the quantized checkpoint here (safetensors + lowbit_config.json)")
     p.add_argument("--samples", type=int, default=128, help="calibration sequences (Atom: 128; use ~16 on a CPU)")
     p.add_argument("--seqlen", type=int, default=2048, help="tokens per calibration sequence (Atom: 2048)")
@@ -67,11 +70,19 @@ def run(args) -> int:
 
         scheme = scheme.with_(name=args.name or f"{scheme.name}-tp{args.tp}", tensor_parallel=TPArgs(world=args.tp))
     t0 = time.perf_counter()
-    model, tok = load_model(args.model)
+    load_layer = None
+    if args.from_disk:
+        from lowbit.models.lazy import open_from_disk
+        from lowbit.models.loading import load_tokenizer, resolve
+
+        model, load_layer = open_from_disk(resolve(args.model))
+        tok = load_tokenizer(args.model)
+    else:
+        model, tok = load_model(args.model)
     float_bytes = decoder_bytes(model)
     ids = calibration_ids(tok, args.samples, args.seqlen)
     console.print(f"[bold]{scheme.name}[/]: calibrating on {args.samples} x {args.seqlen} tokens of WikiText-2 validation")
-    rep = quantize_model(model, scheme, ids, device=args.device)  # returns the model on the CPU
+    rep = quantize_model(model, scheme, ids, device=args.device, load_layer=load_layer)  # returns the model on the CPU
     q_bytes = decoder_bytes(model)
     result = {"model": args.model, "scheme": scheme.to_dict(), "samples": args.samples, "seqlen": args.seqlen,
               "quantize_seconds": round(rep.seconds, 1), "decoder_bytes_float": float_bytes, "decoder_bytes_quantized": q_bytes}

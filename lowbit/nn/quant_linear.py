@@ -149,8 +149,9 @@ def module_bytes(module: nn.Module) -> int:
     """Bytes of all parameters and buffers (what the module really holds)."""
     seen, total = set(), 0
     for t in list(module.parameters()) + list(module.buffers()):
-        if t.data_ptr() in seen:
+        key = id(t) if t.is_meta else t.data_ptr()  # meta tensors (layers still on disk) have no storage
+        if key in seen:
             continue
-        seen.add(t.data_ptr())
+        seen.add(key)
         total += t.numel() * t.element_size()
     return total

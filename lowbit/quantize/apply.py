@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -55,10 +56,17 @@ def _check_ids(ids: torch.Tensor | None, needed: bool) -> None:
 
 
 def quantize_model(model: nn.Module, scheme: Scheme, calib_ids: torch.Tensor | None, *, device: str = "cpu",
-                   batch_size: int = 1, progress: bool = True, permute_only: bool = False) -> QuantizeReport:
+                   batch_size: int = 1, progress: bool = True, permute_only: bool = False,
+                   load_layer: Callable[[int, nn.Module, str], None] | None = None) -> QuantizeReport:
     """Quantize ``model`` in place. ``permute_only`` applies only the outlier reordering (float
-    weights, no quantization): the result must compute the same function (a test checks it)."""
+    weights, no quantization): the result must compute the same function (a test checks it).
+
+    ``load_layer(i, layer, device)``: the decoder layers are still on the meta device and this
+    loads layer ``i`` when its turn comes (:func:`lowbit.models.lazy.open_from_disk`), so only one
+    float layer is ever in memory."""
     adapter = get_adapter(model)
+    if load_layer is not None and adapter.is_moe:
+        raise ValueError("quantizing from disk supports dense models; load a mixture-of-experts model whole")
     needs_linears = scheme.weights.enabled or scheme.activations.enabled or permute_only
     _check_ids(calib_ids, needs_linears)
     t0 = time.perf_counter()
@@ -69,7 +77,7 @@ def quantize_model(model: nn.Module, scheme: Scheme, calib_ids: torch.Tensor | N
     layers = adapter.layers(model)
     if needs_linears:
         orig_device = next(model.parameters()).device
-        model.to(device)
+        _to_device(model, device)
         inputs, kwargs = capture_layer_inputs(model, layers, calib_ids, device, batch_size)
         make_cache = None
         if scheme.kv_cache.enabled and not permute_only:
@@ -80,6 +88,8 @@ def quantize_model(model: nn.Module, scheme: Scheme, calib_ids: torch.Tensor | N
                              "a mixture of experts routes them differently (use it on dense models)")
         finputs = inputs if float_target else None
         for i, layer in enumerate(tqdm(layers, desc=f"quantize {scheme.name}", disable=not progress)):
+            if load_layer is not None:
+                load_layer(i, layer, device)
             flayer = copy.deepcopy(layer) if float_target else None
             groups = adapter.groups(layer)
             sequential = scheme.gptq.enabled and scheme.gptq.true_sequential and not permute_only
@@ -103,11 +113,32 @@ def quantize_model(model: nn.Module, scheme: Scheme, calib_ids: torch.Tensor | N
                 del flayer
         model.to(orig_device)
         report.layers = len(layers)
+    elif load_layer is not None:  # nothing to calibrate (a KV-cache-only scheme): just load the layers
+        for i, layer in enumerate(layers):
+            load_layer(i, layer, "cpu")
     if scheme.kv_cache.enabled and not permute_only:
         install_kv_quantization(model, scheme.kv_cache.bits, scheme.kv_cache.symmetric)
     model.lowbit_scheme = scheme
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _to_device(model: nn.Module, device: str) -> None:
+    """``model.to(device)`` that leaves meta tensors (layers not loaded yet) alone and keeps
+    tied parameters tied."""
+    if not any(t.is_meta for t in model.parameters()):
+        model.to(device)
+        return
+    moved: dict[int, torch.Tensor] = {}
+    for mod in model.modules():
+        for store in (mod._parameters, mod._buffers):
+            for k, t in store.items():
+                if t is None or t.is_meta:
+                    continue
+                if id(t) not in moved:
+                    new = t.data.to(device)
+                    moved[id(t)] = nn.Parameter(new, requires_grad=False) if isinstance(t, nn.Parameter) else new
+                store[k] = moved[id(t)]
 
 
 def _stages(groups: list[InputGroup]) -> list[list[InputGroup]]:

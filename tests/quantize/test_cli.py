@@ -10,13 +10,18 @@ from lowbit.models import load_model, load_tokenizer
 from lowbit.models.tiny import tiny_model
 
 
-@pytest.mark.model
-def test_cli_quantizes_saves_and_reloads(tmp_path):
+def _tiny_folder(tmp_path):
+    """A tiny random Llama saved with the default model's tokenizer (so calibration text works)."""
     tok = load_tokenizer("default")
     src = tmp_path / "tiny"
     tiny_model("llama", vocab_size=len(tok)).save_pretrained(src)
     tok.save_pretrained(src)
-    out, log = tmp_path / "q", tmp_path / "r.jsonl"
+    return src
+
+
+@pytest.mark.model
+def test_cli_quantizes_saves_and_reloads(tmp_path):
+    src, out, log = _tiny_folder(tmp_path), tmp_path / "q", tmp_path / "r.jsonl"
     rc = main(["quantize", str(src), "--scheme", "w4a4-kv4", "--samples", "2", "--seqlen", "16",
                "--eval-windows", "0", "--out", str(out), "--json", str(log)])
     assert rc == 0
@@ -33,3 +38,16 @@ def test_cli_rejects_bad_override(capsys):
 
     with pytest.raises(SchemeError):
         main(["quantize", "default", "--set", "outliers.bogus=1"])
+
+
+@pytest.mark.model
+def test_cli_quantizes_from_disk_for_two_ranks(tmp_path):
+    src, out, log = _tiny_folder(tmp_path), tmp_path / "q", tmp_path / "r.jsonl"
+    rc = main(["quantize", str(src), "--scheme", "w4a4", "--tp", "2", "--from-disk", "--samples", "2", "--seqlen", "16",
+               "--eval-windows", "0", "--out", str(out), "--json", str(log)])
+    assert rc == 0
+    rec = json.loads(log.read_text())
+    assert rec["scheme"]["name"] == "w4a4-tp2" and rec["scheme"]["tensor_parallel"]["world"] == 2
+    layout = json.loads((out / "lowbit_config.json").read_text())["layout"]
+    assert "model.layers.0.self_attn.o_proj" in layout["row_sharded"]
+    assert main(["quantize", str(src), "--tp", "0"]) == 2

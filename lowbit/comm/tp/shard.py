@@ -16,7 +16,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .checkpoint import CheckpointReader
+from lowbit.io.safetensors_reader import CheckpointReader
+from lowbit.models.lazy import materialize_rest, meta_model
+
 from .layers import RowParallelLinear, column_linear
 from .plan import TPPlan, make_plan
 
@@ -54,44 +56,6 @@ def _shard_layer(layer: nn.Module, prefix: str, reader: CheckpointReader, plan: 
                                       _cast(_maybe(reader, p + "down_proj.bias", reader.full), dtype), reduce)
 
 
-def _set_tensor(model: nn.Module, name: str, value: torch.Tensor) -> None:
-    mod_name, _, attr = name.rpartition(".")
-    mod = model.get_submodule(mod_name)
-    if attr in mod._buffers:
-        mod._buffers[attr] = value
-    else:
-        setattr(mod, attr, nn.Parameter(value, requires_grad=False))
-
-
-def meta_skeleton(config, dtype: torch.dtype) -> nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, dtype=dtype)
-
-
-def fill_replicated(model: nn.Module, config, reader: CheckpointReader, dtype: torch.dtype, path) -> None:
-    """Load every tensor still on the meta device (embeddings, norms, head, permutations) whole,
-    re-tie a tied head and rebuild the non-persistent buffers; fail if anything is left."""
-    for name, t in list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers()):
-        if t.is_meta and name in reader:
-            v = reader.full(name)
-            _set_tensor(model, name, _cast(v, dtype) if v.is_floating_point() else v.contiguous())
-    if model.get_output_embeddings().weight.is_meta:  # tied head: share the embedding
-        model.get_output_embeddings().weight = model.get_input_embeddings().weight
-    # non-persistent buffers: rotary frequencies (rebuilt on the CPU) and Gemma's embedding scale
-    for mod_name, mod in list(model.named_modules()):
-        if hasattr(mod, "inv_freq") and mod.inv_freq.is_meta:
-            parent_name, _, attr = mod_name.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, attr, type(mod)(config=config))
-        if hasattr(mod, "scalar_embed_scale") and mod.embed_scale.is_meta:
-            mod.embed_scale = torch.tensor(float(mod.scalar_embed_scale), dtype=dtype)
-    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
-    if left:
-        raise ValueError(f"checkpoint {path} lacks tensors for: {', '.join(left[:5])}{' ...' if len(left) > 5 else ''}")
-
-
 def load_tp_shard(path: str | Path, rank: int, world: int, reduce: Callable[[torch.Tensor], torch.Tensor],
                   dtype: torch.dtype = torch.float32) -> nn.Module:
     """This rank's shard of the checkpoint folder ``path`` as a ready causal LM (eval mode): a
@@ -111,9 +75,9 @@ def load_tp_shard(path: str | Path, rank: int, world: int, reduce: Callable[[tor
     config = AutoConfig.from_pretrained(path)
     plan = make_plan(config, world)
     reader = CheckpointReader(path)
-    model = meta_skeleton(config, dtype)
+    model = meta_model(config, dtype)
     for i, layer in enumerate(model.base_model.layers):
         _shard_layer(layer, f"model.layers.{i}.", reader, plan, rank, reduce, dtype)
-    fill_replicated(model, config, reader, dtype, path)
+    materialize_rest(model, config, reader, dtype, path)
     model.lowbit_tp_plan = plan
     return model.eval()

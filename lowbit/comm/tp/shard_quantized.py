@@ -19,13 +19,13 @@ from torch import nn
 
 from lowbit.io.checkpoint import CheckpointError, read_meta
 from lowbit.io.layout import rebuild
+from lowbit.io.safetensors_reader import CheckpointReader
+from lowbit.models.lazy import materialize_rest, meta_model
 from lowbit.nn.quant_linear import QuantLinear, QuantLinearLayout
 from lowbit.quantize.scheme import Scheme, SchemeError
 
-from .checkpoint import CheckpointReader
 from .layers import RowParallelLinear, column_linear
 from .plan import TPSplitError, make_plan
-from .shard import fill_replicated, meta_skeleton
 
 Select = Callable[[str], torch.Tensor]
 
@@ -111,12 +111,12 @@ def load_tp_quantized_shard(path: str | Path, rank: int, world: int, reduce: Cal
     plan = make_plan(config, world)
     reader = CheckpointReader(path)
     layout = meta.get("layout", {})
-    model = meta_skeleton(config, torch.float32)
+    model = meta_model(config, torch.float32)
     with torch.device("meta"):
         rebuild(model, layout)
     for i, layer in enumerate(model.base_model.layers):
         _shard_layer(layer, f"model.layers.{i}.", reader, layout, plan, rank, reduce)
-    fill_replicated(model, config, reader, torch.float32, path)
+    materialize_rest(model, config, reader, torch.float32, path)
     if scheme.kv_cache.enabled:
         install_kv_quantization(model, scheme.kv_cache.bits, scheme.kv_cache.symmetric)
     model.lowbit_tp_plan, model.lowbit_scheme = plan, scheme

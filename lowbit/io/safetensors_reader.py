@@ -1,5 +1,6 @@
 """Read parts of a safetensors checkpoint (single file or sharded with an index) without loading
-whole tensors: each rank reads only the rows or columns of its shard."""
+whole tensors: a tensor-parallel rank reads only the rows or columns of its shard, quantizing
+from disk reads one decoder layer at a time."""
 
 from __future__ import annotations
 
