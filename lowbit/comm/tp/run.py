@@ -29,14 +29,10 @@ def check_quantized_world(path: str, world: int) -> None:
     """For a lowbit checkpoint: the rank count it was quantized for must be ``world``."""
     from lowbit.io.checkpoint import is_quantized_dir, read_meta
 
-    from .plan import TPSplitError
+    from .shard_quantized import require_world
 
-    if not is_quantized_dir(path):
-        return
-    made_for = read_meta(path)["scheme"].get("tensor_parallel", {}).get("world", 1)
-    if made_for != world:
-        raise TPSplitError(f"{path} was quantized for {made_for} tensor-parallel rank(s), not {world}: run it with "
-                           f"--tp {made_for}, or quantize again with `lowbit quantize --tp {world}`")
+    if is_quantized_dir(path):
+        require_world(path, read_meta(path)["scheme"].get("tensor_parallel", {}).get("world", 1), world)
 
 
 def forward_rank(rank: int, world: int, path: str, allreduce: str, ids: torch.Tensor) -> torch.Tensor:

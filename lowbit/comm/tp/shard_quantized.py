@@ -88,6 +88,13 @@ def _shard_layer(layer: nn.Module, prefix: str, reader: CheckpointReader, layout
     mlp.down_proj = _row(reader, p + "down_proj", layout, rank, lo, hi, reduce)
 
 
+def require_world(path, made_for: int, world: int) -> None:
+    """A checkpoint quantized for ``made_for`` ranks runs on exactly that many."""
+    if made_for != world:
+        raise TPSplitError(f"{path} was quantized for {made_for} tensor-parallel rank(s), not {world}: run it with "
+                           f"--tp {made_for}, or quantize again with `lowbit quantize --tp {world}`")
+
+
 def load_tp_quantized_shard(path: str | Path, rank: int, world: int, reduce: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
     """This rank's shard of the lowbit checkpoint ``path`` (see :func:`lowbit.comm.tp.load_tp_shard`)."""
     from transformers import AutoConfig
@@ -99,10 +106,7 @@ def load_tp_quantized_shard(path: str | Path, rank: int, world: int, reduce: Cal
         scheme = Scheme.from_dict(meta["scheme"])
     except (KeyError, SchemeError, TypeError) as e:
         raise CheckpointError(f"{path}: bad scheme: {e}") from e
-    made_for = scheme.tensor_parallel.world
-    if made_for != world:
-        raise TPSplitError(f"{path} was quantized for {made_for} tensor-parallel rank(s); run it with --tp {made_for}, "
-                           f"or quantize again with `lowbit quantize --tp {world}`")
+    require_world(path, scheme.tensor_parallel.world, world)
     weights = Path(path) / meta.get("weights", {}).get("file", "model.safetensors")
     want = meta.get("weights", {}).get("bytes")
     if not weights.is_file() or (want is not None and weights.stat().st_size != want):
