@@ -101,6 +101,21 @@ def read_meta(path: str | os.PathLike) -> dict:
     return meta
 
 
+def checked_weights_file(path: str | os.PathLike, meta: dict, sha256: bool = True) -> Path:
+    """The tensors file of a checkpoint, after checking it exists, has the recorded size and (if
+    ``sha256``) the recorded hash; a clear :class:`CheckpointError` otherwise."""
+    want = meta.get("weights", {})
+    wpath = Path(path) / want.get("file", WEIGHTS_NAME)
+    if not wpath.is_file():
+        raise CheckpointError(f"{wpath} is missing")
+    size = wpath.stat().st_size
+    if "bytes" in want and size != want["bytes"]:
+        raise CheckpointError(f"{wpath} is truncated or corrupt: {size} bytes, expected {want['bytes']}")
+    if sha256 and "sha256" in want and _sha256(wpath) != want["sha256"]:
+        raise CheckpointError(f"{wpath} is corrupt: its SHA-256 does not match {CONFIG_NAME}")
+    return wpath
+
+
 def load_quantized(path: str | os.PathLike, device: str = "cpu"):
     """``(model, tokenizer)`` rebuilt from a checkpoint directory (no float weights needed);
     the tokenizer is None when the checkpoint has none."""
@@ -116,15 +131,7 @@ def load_quantized(path: str | os.PathLike, device: str = "cpu"):
         scheme = Scheme.from_dict(meta["scheme"])
     except (KeyError, SchemeError, TypeError) as e:
         raise CheckpointError(f"{path / CONFIG_NAME}: bad scheme: {e}") from e
-    wpath = path / meta.get("weights", {}).get("file", WEIGHTS_NAME)
-    if not wpath.is_file():
-        raise CheckpointError(f"{wpath} is missing")
-    want = meta.get("weights", {})
-    size = wpath.stat().st_size
-    if "bytes" in want and size != want["bytes"]:
-        raise CheckpointError(f"{wpath} is truncated or corrupt: {size} bytes, expected {want['bytes']}")
-    if "sha256" in want and _sha256(wpath) != want["sha256"]:
-        raise CheckpointError(f"{wpath} is corrupt: its SHA-256 does not match {CONFIG_NAME}")
+    wpath = checked_weights_file(path, meta)
     try:
         state = load_file(str(wpath))
     except (SafetensorError, OSError, ValueError) as e:

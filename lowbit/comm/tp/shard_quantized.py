@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lowbit.io.checkpoint import CheckpointError, read_meta
+from lowbit.io.checkpoint import CheckpointError, checked_weights_file, read_meta
 from lowbit.io.layout import rebuild
 from lowbit.io.safetensors_reader import CheckpointReader
 from lowbit.models.lazy import materialize_rest, meta_model
@@ -107,10 +107,7 @@ def load_tp_quantized_shard(path: str | Path, rank: int, world: int, reduce: Cal
     except (KeyError, SchemeError, TypeError) as e:
         raise CheckpointError(f"{path}: bad scheme: {e}") from e
     require_world(path, scheme.tensor_parallel.world, world)
-    weights = Path(path) / meta.get("weights", {}).get("file", "model.safetensors")
-    want = meta.get("weights", {}).get("bytes")
-    if not weights.is_file() or (want is not None and weights.stat().st_size != want):
-        raise CheckpointError(f"{weights} is missing, truncated or corrupt (expected {want} bytes)")
+    checked_weights_file(path, meta, sha256=False)  # every rank reads only its slices: size check, no full hash
     config = AutoConfig.from_pretrained(path)
     plan = make_plan(config, world)
     reader = CheckpointReader(path)
