@@ -1,107 +1,49 @@
 """The fused C encoder/decoder for CPU tensors, built on first use with the system C compiler.
 
-Loaded through ctypes (no torch headers, no ninja): ``cc -O3 -march=native -shared -fPIC`` into
-the lowbit cache, keyed by a hash of the sources, the flags, the compiler and this CPU's feature
-flags (a cache shared between machines never hands one CPU another's instructions). If the
-compiler rejects -march=native, plain -O3 is used; both builds write the same bits (tested). With
-AVX2 + F16C the kernel uses the intrinsics in ``csrc/qr_avx2.h``. If no compiler is found, or
-LOWBIT_QR_NATIVE=0, ``available()`` is False and the vectorised torch code (``fast.py``) runs.
+Built by :mod:`lowbit.kernels.cbuild` (``cc -O3 -march=native``, cached per sources, flags,
+compiler and CPU; loaded with ctypes). If the compiler rejects -march=native, plain -O3 is used;
+both builds write the same bits (tested). With AVX2 + F16C the kernel uses the intrinsics in
+``csrc/qr_avx2.h``. If no compiler is found, or LOWBIT_QR_NATIVE=0, ``available()`` is False and
+the vectorised torch code (``fast.py``) runs.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
 from pathlib import Path
 
 import torch
 
-_CSRC = Path(__file__).with_name("csrc")
-_SRC = _CSRC / "qr_codec.c"
+from lowbit.kernels import cbuild
+
+_SRC = Path(__file__).with_name("csrc") / "qr_codec.c"
 _FLAG_SETS = (("-O3", "-march=native"), ("-O3",))
 PORTABLE_FLAGS = ("-O3", "-DQR_NO_SIMD")  # the plain C loops, no intrinsics (tests compare it)
-_lib: ctypes.CDLL | None = None
-_tried = False
-_variants: dict[tuple[str, ...], ctypes.CDLL | None] = {}
 _IN_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("LOWBIT_CACHE", Path.home() / ".cache" / "lowbit")) / "native"
-
-
-def _cpu_id() -> bytes:
-    """This CPU's model and feature flags (Linux), so -march=native builds are per CPU."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor().encode()
-    keep = [ln for ln in text.splitlines() if ln.startswith(("flags", "model name", "Features", "CPU part"))]
-    return "\n".join(sorted(set(keep))).encode()
-
-
-def _sources() -> bytes:
-    return b"".join(p.name.encode() + p.read_bytes() for p in sorted(_CSRC.glob("*.[ch]")))
-
-
-def _compile(cc: str, flags: tuple[str, ...]) -> ctypes.CDLL | None:
-    key_src = _sources() + " ".join(flags).encode() + platform.machine().encode() + cc.encode() + _cpu_id()
-    so = _cache_dir() / f"qr_codec_{hashlib.sha256(key_src).hexdigest()[:16]}.so"
-    if not so.exists():
-        so.parent.mkdir(parents=True, exist_ok=True)
-        tmp = so.with_name(so.name + f".tmp{os.getpid()}")
-        try:
-            r = subprocess.run([cc, *flags, "-shared", "-fPIC", str(_SRC), "-o", str(tmp), "-lm"], capture_output=True)
-            if r.returncode != 0:
-                return None
-            os.replace(tmp, so)
-        finally:
-            tmp.unlink(missing_ok=True)
-    try:
-        lib = ctypes.CDLL(str(so))
-    except OSError:
-        return None
+def _bind(lib: ctypes.CDLL) -> None:
     i64, vp = ctypes.c_int64, ctypes.c_void_p
     lib.qr_encode.argtypes = [vp, ctypes.c_int, i64, i64, ctypes.c_int, ctypes.c_int, vp, i64, i64]
     lib.qr_decode.argtypes = [vp, i64, ctypes.c_int, ctypes.c_int, i64, i64, vp, i64, ctypes.c_int, ctypes.c_int]
     lib.qr_reduce.argtypes = [vp, ctypes.c_int, i64, ctypes.c_int, ctypes.c_int, i64, i64, ctypes.c_float, vp]
-    return lib
 
 
-def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-
-
-def _build() -> ctypes.CDLL | None:
-    cc = _compiler()
-    if not cc:
-        return None
-    for flags in _FLAG_SETS:
-        lib = _compile(cc, flags)
-        if lib is not None:
-            return lib
-    return None
+_LIB = cbuild.NativeLibrary(_SRC, _FLAG_SETS, _bind)
+_lib: ctypes.CDLL | None = None
 
 
 def variant(flags: tuple[str, ...]) -> ctypes.CDLL | None:
     """The kernel built with other flags (e.g. PORTABLE_FLAGS), for tests and benchmarks; None if it fails."""
-    if flags not in _variants:
-        cc = _compiler()
-        _variants[flags] = _compile(cc, tuple(flags)) if cc else None
-    return _variants[flags]
+    return _LIB.get(tuple(flags))
 
 
 def available() -> bool:
-    global _lib, _tried
+    global _lib
     if os.environ.get("LOWBIT_QR_NATIVE", "1") == "0":
         return False
-    if not _tried:
-        _tried = True
-        _lib = _build()
+    _lib = _LIB.get()
     return _lib is not None
 
 

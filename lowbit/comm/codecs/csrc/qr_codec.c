@@ -4,8 +4,9 @@
  * fp16 scales via _Float16 (round to nearest even), integer scales rounded away from zero
  * when fp16 rounding shrank them. Build: cc -O3 -march=native -shared -fPIC (no -ffast-math);
  * with AVX2 + F16C the row steps use the intrinsics of qr_avx2.h (same operations, same bits),
- * -DQR_NO_SIMD or another CPU gives the portable loops below. qr_reduce fuses the all-reduce's
- * decode + sum + re-encode per row. */
+ * -DQR_NO_SIMD or another CPU gives the portable loops below. Full rows of bf16 input (encode)
+ * and bf16 output (decode) take fused SIMD paths that never widen the row to fp32 in memory.
+ * qr_reduce fuses the all-reduce's decode + sum + re-encode per row. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -213,6 +214,14 @@ void qr_encode(const void *in, int in_type, int64_t n, int64_t rows, int kind, i
         return;
     }
     for (int64_t r = 0; r < rows; r++) {
+#ifdef QR_SIMD
+        if (in_type == 1 && (r + 1) * ROW <= n) { /* full bf16 row: no fp32 copy of it */
+            uint8_t codes[ROW], *orow = out + r * row_bytes;
+            if (!simd_encode_row_bf16((const uint16_t *)in + r * ROW, kind, bits, orow, code_bytes, codes))
+                pack_planes(codes, bits, orow);
+            continue;
+        }
+#endif
         load_row(in, in_type, r * ROW, n, buf);
         encode_row(buf, kind, bits, out + r * row_bytes, code_bytes);
     }
@@ -273,6 +282,15 @@ void qr_decode(const uint8_t *wire, int64_t rows, int kind, int bits, int64_t ro
         int64_t start = r * ROW;
         if (start >= n) break;
         int64_t m = n - start < ROW ? n - start : ROW;
+#ifdef QR_SIMD
+        if (out_type == 1 && kind <= 1 && m == ROW) { /* bf16 out, full row: no fp32 row in between */
+            uint8_t codes[ROW];
+            const uint8_t *c = row;
+            if (kind == 0 && bits != 4 && bits != 8) { unpack_planes(row, bits, codes); c = codes; }
+            simd_decode_row_bf16(row, kind, bits, code_bytes, c, (uint16_t *)out + start);
+            continue;
+        }
+#endif
         decode_row(row, kind, bits, code_bytes, vals, m);
         if (out_type == 0) {
             float *o = (float *)out + start;

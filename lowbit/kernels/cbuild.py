@@ -1,0 +1,93 @@
+"""Build a C source with the system compiler into the lowbit cache and load it with ctypes.
+
+No torch headers and no ninja: ``cc <flags> -shared -fPIC``. The cached library is keyed by a hash
+of the sources (every ``.c``/``.h`` next to the source), the flags, the compiler and this CPU's
+model and feature flags, so a cache shared between machines never hands one CPU another's
+instructions. Writes are atomic (temp file, then rename). A build that fails returns None: the
+callers keep a pure-torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LOWBIT_CACHE", Path.home() / ".cache" / "lowbit")) / "native"
+
+
+def cpu_id() -> bytes:
+    """This CPU's model and feature flags (Linux), so -march=native builds are per CPU."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor().encode()
+    keep = [ln for ln in text.splitlines() if ln.startswith(("flags", "model name", "Features", "CPU part"))]
+    return "\n".join(sorted(set(keep))).encode()
+
+
+def compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _sources(src: Path) -> bytes:
+    return b"".join(p.name.encode() + p.read_bytes() for p in sorted(src.parent.glob("*.[ch]")))
+
+
+def compile_library(src: Path, flags: tuple[str, ...], libs: tuple[str, ...] = ("-lm",)) -> ctypes.CDLL | None:
+    """``src`` built with ``flags`` (cached), or None if there is no compiler or it fails."""
+    cc = compiler()
+    if not cc:
+        return None
+    key = _sources(src) + " ".join(flags + libs).encode() + platform.machine().encode() + cc.encode() + cpu_id()
+    so = cache_dir() / f"{src.stem}_{hashlib.sha256(key).hexdigest()[:16]}.so"
+    if not so.exists():
+        so.parent.mkdir(parents=True, exist_ok=True)
+        tmp = so.with_name(so.name + f".tmp{os.getpid()}")
+        try:
+            r = subprocess.run([cc, *flags, "-shared", "-fPIC", str(src), "-o", str(tmp), *libs], capture_output=True)
+            if r.returncode != 0:
+                return None
+            os.replace(tmp, so)
+        finally:
+            tmp.unlink(missing_ok=True)
+    try:
+        return ctypes.CDLL(str(so))
+    except OSError:
+        return None
+
+
+def first_that_builds(src: Path, flag_sets) -> ctypes.CDLL | None:
+    """The first of ``flag_sets`` (tuples of flags) that compiles ``src``."""
+    for flags in flag_sets:
+        lib = compile_library(src, tuple(flags))
+        if lib is not None:
+            return lib
+    return None
+
+
+class NativeLibrary:
+    """A C source built on first use with the first of ``flag_sets`` that compiles (or with
+    explicit flags, for tests), its ctypes signatures set by ``bind(lib)``; cached per flags."""
+
+    def __init__(self, src: Path, flag_sets, bind) -> None:
+        self.src, self.flag_sets, self.bind = src, tuple(tuple(f) for f in flag_sets), bind
+        self._libs: dict[tuple[str, ...], ctypes.CDLL | None] = {}
+
+    def get(self, flags: tuple[str, ...] | None = None) -> ctypes.CDLL | None:
+        key = tuple(flags) if flags is not None else ("best",)
+        if key not in self._libs:
+            lib = first_that_builds(self.src, self.flag_sets) if flags is None else compile_library(self.src, tuple(flags))
+            self._libs[key] = None if lib is None else (self.bind(lib) or lib)
+        return self._libs[key]
+
+
+# the build every native kernel tries first: this CPU's instructions and OpenMP threads (sharing
+# torch's libgomp), then without either
+KERNEL_FLAG_SETS = (("-O3", "-march=native", "-fopenmp"), ("-O3", "-march=native"), ("-O3", "-fopenmp"), ("-O3",))
