@@ -17,6 +17,7 @@ SHAPE_SETS = {  # (name, in_features, out_features)
     "llama7b": [("4096x4096", 4096, 4096), ("4096x11008", 4096, 11008), ("11008x4096", 11008, 4096)],
 }
 KERNELS = ("fp32", "bf16", "w4a16", "w8a16", "w8a8", "w4a4")
+METHODS = {"w4a16": ("native", "int4pack"), "w8a8": ("float", "int_mm"), "w4a4": ("float", "int_mm")}  # KIND@METHOD
 
 
 def register(kinds) -> None:
@@ -24,8 +25,9 @@ def register(kinds) -> None:
     p.add_argument("--shapes", default="default,llama7b", help=f"comma list of {', '.join(SHAPE_SETS)} or INxOUT")
     p.add_argument("--batches", default="1,8,64,512")
     p.add_argument("--kernels", default=",".join(KERNELS),
-                   help="fp32,bf16 and quantized kinds w4a16,w8a16,w8a8,w4a4; KIND@int_mm times the "
-                        "torch._int_mm variant of w8a8/w4a4 on CPU (slow without VNNI/AMX)")
+                   help="fp32,bf16 and quantized kinds w4a16,w8a16,w8a8,w4a4; KIND@METHOD picks a CPU "
+                        "method: w8a8/w4a4@int_mm (torch._int_mm, slow without VNNI/AMX), "
+                        "w4a16@int4pack (torch's int4 matmul instead of lowbit's native kernel)")
     p.add_argument("--kernel", default=None, choices=["auto", "reference", "cpu", "triton"],
                    help="force the implementation of the quantized kinds (default: LOWBIT_KERNEL or auto)")
     p.add_argument("--repeats", type=int, default=5)
@@ -104,15 +106,23 @@ def tensor_bytes(obj) -> int:
     return 0
 
 
-def _copies(dev, weight_bytes: int) -> int:
-    """Weight copies to rotate through on a GPU, so that repeated calls stream the weights from
-    device memory instead of finding them in the L2 cache (H100/H200: 50-60 MB); 1 on CPUs."""
+def _last_level_cache(dev) -> int:
+    """Bytes of the last-level cache: the GPU's L2, or the CPU's L3 (Linux sysfs; 32 MiB if unknown)."""
     import torch
 
-    if dev.type != "cuda":
-        return 1
-    l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 64 << 20)
-    return max(1, min(16, -(-4 * l2 // max(weight_bytes, 1))))
+    if dev.type == "cuda":
+        return getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 64 << 20)
+    try:
+        size = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
+        return int(size[:-1]) << {"K": 10, "M": 20}[size[-1]] if size[-1] in "KM" else int(size)
+    except (OSError, ValueError, IndexError):
+        return 32 << 20
+
+
+def _copies(dev, weight_bytes: int) -> int:
+    """Weight copies to rotate through, so that repeated calls stream the weights from memory
+    instead of finding them in the last-level cache (as decode does: a model's layers do not fit)."""
+    return max(1, min(16, -(-4 * _last_level_cache(dev) // max(weight_bytes, 1))))
 
 
 def _copy_bandwidth(dev, sync, repeats: int) -> float:
@@ -151,9 +161,11 @@ def run(args) -> int:
         return 2
     batches = [int(b) for b in args.batches.split(",")]
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
-    bad = [k for k in kernels if k.split("@")[0] not in KERNELS or ("@" in k and k.split("@")[1] not in ("float", "int_mm"))]
+    bad = [k for k in kernels if k.split("@")[0] not in KERNELS or ("@" in k and k.split("@")[1] not in METHODS.get(k.split("@")[0], ()))]
     if bad or any(b < 1 for b in batches) or args.repeats < 1:
-        console.print(f"[red]bad arguments: kernels {bad} (choose {', '.join(KERNELS)}), batches >= 1, repeats >= 1[/red]")
+        methods = "; ".join(f"{k}@{'|'.join(m)}" for k, m in METHODS.items())
+        console.print(f"[red]bad arguments: kernels {bad} (choose {', '.join(KERNELS)}; methods {methods}), "
+                      "batches >= 1, repeats >= 1[/red]")
         return 2
     copy_bw = _copy_bandwidth(dev, sync, args.repeats)
     rows = []

@@ -56,7 +56,8 @@ def choose(kind: str, device: torch.device | str, kernel: str | None = None) -> 
 
 @dataclass
 class PreparedLinear:
-    """A linear ready for one kernel: ``__call__(x [t, in]) → [t, out]`` float32."""
+    """A linear ready for one kernel: ``__call__(x [t, in]) → [t, out]`` float32 (bfloat16 from the
+    native W4A16 kernel given bfloat16 input: it converts inside, saving two passes per call)."""
 
     kind: str
     kernel: str
@@ -76,14 +77,15 @@ class PreparedLinear:
 def prepare(p: LinearParams, device: torch.device | str = "cpu", kernel: str | None = None,
             cpu_method: str | None = None) -> PreparedLinear:
     """Convert ``p`` once into the layout the chosen kernel wants. ``cpu_method`` picks how the
-    W8A8/W4A4 CPU paths get their exact integer products: ``float`` (default) or ``int_mm``."""
+    W8A8/W4A4 CPU paths get their exact integer products (``float``, the default, or ``int_mm``)
+    and which W4A16 kernel runs (``native``, the default where it builds, or ``int4pack``)."""
     k = choose(p.kind, device, kernel)
     if k == "reference":
         return PreparedLinear(p.kind, k, p.to(device), reference.linear, p.in_features, p.out_features)
     mod = _CPU[p.kind] if k == "cpu" else _TRITON[p.kind]
     if k == "triton":
         state = mod.prepare(p, device)
-    elif cpu_method is not None and p.kind in ("w8a8", "w4a4"):
+    elif cpu_method is not None and p.kind in ("w8a8", "w4a4", "w4a16"):
         state = mod.prepare(p, cpu_method)
         k = f"cpu:{cpu_method}"
     else:

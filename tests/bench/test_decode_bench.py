@@ -53,7 +53,7 @@ def test_decode_small_real_run(tmp_path):
     assert rc == 0
     rows = json.loads((tmp_path / "decode.json").read_text())["rows"]
     fp, q = rows
-    assert q["kernels"].get("w4a16:cpu", 0) > 0  # the kernels really ran
+    assert q["kernels"].get("w4a16:cpu:native", 0) > 0  # the kernels really ran
     assert q["layer_weight_vs_fp16"] < 0.3 and fp["layer_weight_vs_fp16"] == pytest.approx(2.0, rel=0.01)
     # fp32 keeps an fp32 cache; the weight-only format runs everything outside its quantized
     # linears in bf16, as the BF16 baseline does, so its cache is half the size

@@ -32,19 +32,23 @@ def test_tensor_bytes_counts_dataclass_tensors():
 
     from lowbit.kernels import cpu_w4a16, from_float
 
-    st = cpu_w4a16.prepare(from_float(torch.randn(32, 256), "w4a16"))
+    p = from_float(torch.randn(32, 256), "w4a16")
+    st = cpu_w4a16.prepare(p, "int4pack")
     assert tensor_bytes(st) == 32 * 256 // 2 + 2 * 32 * 2 * 2  # int4 nibbles + [groups, out, 2] bf16
+    st = cpu_w4a16.prepare(p, "native")
+    assert tensor_bytes(st) == 32 * 256 // 2 + 2 * 32 * 2 * 4  # int4 nibbles + fp32 scale, scale * zero
 
 
 def test_gemm_end_to_end(tmp_path):
     out = tmp_path / "g"
-    rc = main(["bench", "gemm", "--shapes", "256x48", "--batches", "1,3", "--kernels", "fp32,bf16,w4a16,w8a8,w4a4,w4a4@int_mm",
+    rc = main(["bench", "gemm", "--shapes", "256x48", "--batches", "1,3", "--kernels", "fp32,bf16,w4a16,w4a16@int4pack,w8a8,w4a4,w4a4@int_mm",
                "--repeats", "1", "--threads", "1", "--out", str(out)])
     assert rc == 0
     data = json.loads((out / "gemm.json").read_text())
     rows = data["rows"]
-    assert len(rows) == 12 and (out / "gemm.png").stat().st_size > 0 and (out / "gemm.csv").exists()
-    assert {r["impl"] for r in rows if r["kernel"].startswith("w4a4")} == {"cpu:float", "cpu:int_mm"}
+    assert len(rows) == 14 and (out / "gemm.png").stat().st_size > 0 and (out / "gemm.csv").exists()
+    assert {r["impl"] for r in rows if r["kernel"].startswith("w4a4")} == {"cpu:native", "cpu:int_mm"}
+    assert {r["impl"] for r in rows if r["kernel"].startswith("w4a16")} == {"cpu:native", "cpu:int4pack"}
     for r in rows:
         assert r["ms"] > 0 and r["roofline_ms"] > 0 and r["x_vs_bf16"] > 0
         assert r["weight_bytes"] > 0 and r["bytes"] > r["weight_bytes"]
@@ -52,4 +56,5 @@ def test_gemm_end_to_end(tmp_path):
 
 def test_gemm_bad_arguments(tmp_path):
     assert main(["bench", "gemm", "--kernels", "w9a9", "--out", str(tmp_path)]) == 2
+    assert main(["bench", "gemm", "--kernels", "w8a8@native", "--out", str(tmp_path)]) == 2
     assert main(["bench", "gemm", "--shapes", "huge", "--out", str(tmp_path)]) == 2

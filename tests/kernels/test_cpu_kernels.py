@@ -26,7 +26,7 @@ def _case(t, out, n_in, kind, **kw):
 @pytest.mark.parametrize("kind,mod,group", [("w4a16", cpu_w4a16, 128), ("w4a16", cpu_w4a16, 64), ("w8a16", cpu_w8a16, 0)])
 def test_bf16_paths_within_bound(t, out, n_in, kind, mod, group):
     x, p = _case(t, out, n_in, kind, group=group)
-    y = mod.run(x, mod.prepare(p))
+    y = mod.run(x, mod.prepare(p, "int4pack") if mod is cpu_w4a16 else mod.prepare(p))
     ref = reference.linear(x, p)
     assert y.shape == (t, out) and y.dtype == torch.float32
     mag = x.abs() @ p.dequantize().abs().t() + p.bias.abs()
@@ -34,8 +34,9 @@ def test_bf16_paths_within_bound(t, out, n_in, kind, mod, group):
 
 
 @pytest.mark.parametrize("t,out,n_in", SHAPES)
-@pytest.mark.parametrize("kind,mod,k", [("w8a8", cpu_w8a8, 0), ("w4a4", cpu_w4a4, 0), ("w4a4", cpu_w4a4, 32)])
-@pytest.mark.parametrize("method", ["float", "int_mm"])
+@pytest.mark.parametrize("kind,mod,k,method", [(kind, mod, k, m) for kind, mod, k in
+                                              [("w8a8", cpu_w8a8, 0), ("w4a4", cpu_w4a4, 0), ("w4a4", cpu_w4a4, 32)]
+                                              for m in mod.METHODS])
 def test_integer_paths_exact_up_to_fp32_rescale(t, out, n_in, kind, mod, k, method):
     x, p = _case(t, out, n_in, kind, n_outliers=k, act_clip=0.9)
     y = mod.run(x, mod.prepare(p, method))
@@ -58,8 +59,9 @@ def test_float_method_is_bit_identical_to_int_mm(kind, mod, k, n_in):
 def test_w4a4_ragged_group_is_padded_not_dropped():
     x, p = _case(3, 16, 160, "w4a4", n_outliers=0)  # 160 = 128 + a ragged group of 32
     y64, _ = reference.integer_reference(x, p)
-    y = cpu_w4a4.run(x, cpu_w4a4.prepare(p))
-    assert torch.allclose(y.double(), y64, rtol=1e-5, atol=1e-4)
+    for method in cpu_w4a4.METHODS:
+        y = cpu_w4a4.run(x, cpu_w4a4.prepare(p, method))
+        assert torch.allclose(y.double(), y64, rtol=1e-5, atol=1e-4)
 
 
 def test_prepare_rejects_wrong_layouts():
@@ -72,4 +74,6 @@ def test_prepare_rejects_wrong_layouts():
         cpu_w4a4.prepare(p4, "vnni")
     _, p = _case(2, 16, 96, "w4a16", group=96)
     with pytest.raises(KernelError, match="group size"):
-        cpu_w4a16.prepare(p)
+        cpu_w4a16.prepare(p, "int4pack")
+    with pytest.raises(KernelError, match="method"):
+        cpu_w4a16.prepare(p, "avx512")

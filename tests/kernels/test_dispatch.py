@@ -25,7 +25,7 @@ def test_env_forces_reference(monkeypatch):
     x = torch.randn(3, 128)
     assert pl.kernel == "reference"
     assert torch.equal(pl(x), reference.linear(x, p))
-    assert prepare(p, "cpu", kernel="cpu").kernel == "cpu:float"  # the argument wins over the env
+    assert prepare(p, "cpu", kernel="cpu").kernel == "cpu:native"  # the argument wins over the env
     assert prepare(p, "cpu", kernel="cpu", cpu_method="int_mm").kernel == "cpu:int_mm"
 
 

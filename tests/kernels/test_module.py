@@ -45,7 +45,7 @@ def test_accelerate_swaps_supported_layers_only():
     model = nn.Sequential(_ql("w4a4", k=32), nn.ReLU(), fp4)
     counts = accelerate(model)
     assert isinstance(model[0], KernelLinear) and isinstance(model[2], QuantLinear)
-    assert counts == {"w4a4:cpu:float": 1, "kept_reference": 1}
+    assert counts == {"w4a4:cpu:native": 1, "kept_reference": 1}
 
 
 def test_asymmetric_w4a16_layer():

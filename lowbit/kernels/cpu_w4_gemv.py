@@ -1,0 +1,151 @@
+"""W4A16 for small batches on CPU: lowbit's own AVX2 matrix-vector kernel (``csrc/w4_gemv.c``).
+
+torch's packed-int4 CPU matmul streams the weight at well under the memory bandwidth at batch 1,
+so decode gains little from 4-bit weights. This kernel unpacks 64 codes per 32 bytes with a
+mask, a shift and byte unpacks, and multiplies them with the activations quantized per weight
+group to int16 (``vpmaddwd``, exact in int32); 4 output rows share every activation load.
+
+Numerics: the activations are rounded to int16 per group (|error| ≤ scale/2, scale = absmax/32767,
+i.e. 2^-16 of the group's absmax, far finer than bfloat16's 2^-8 relative), then float32 rescale
+and sums. Tested against the float64 reference within Σ_g (scale_g/2)·Σ|w| + 2^-20·Σ|w||x|.
+A token with a NaN/Inf activation gets NaN outputs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from . import cbuild
+from .params import KernelError, LinearParams
+
+CHUNK = 64  # input channels per 32-byte chunk of codes
+PORTABLE_FLAGS = ("-O3", "-DW4_NO_SIMD")
+
+
+def _bind(lib: ctypes.CDLL) -> None:
+    i64, vp, ci = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    lib.w4_linear.argtypes = [vp, vp, vp, i64, i64, i64, i64, i64, vp, ci, i64, vp, ci, ci]
+    lib.w4_linear.restype = ci
+    lib.w4_gemv_codes.argtypes = [vp, vp, vp, i64, i64, i64, i64, vp, vp, vp, i64, vp, ci]
+
+
+_LIB = cbuild.NativeLibrary(Path(__file__).with_name("csrc") / "w4_gemv.c", cbuild.KERNEL_FLAG_SETS, _bind)
+
+
+def library(flags: tuple[str, ...] | None = None) -> ctypes.CDLL | None:
+    """The kernel (the best build, or one built with ``flags``, e.g. PORTABLE_FLAGS); None if no build."""
+    return _LIB.get(flags)
+
+
+def available() -> bool:
+    return library() is not None
+
+
+# byte c of a chunk holds channel _LOW[c] in its low nibble and _LOW[c] + 32 in its high one: the
+# order in which AVX2's per-128-bit-lane byte unpacks hand the nibbles to 16-lane int16 products
+_LOW = torch.tensor([(c & 15) // 8 * 16 + (c >> 4) * 8 + (c & 7) for c in range(32)])
+
+
+@dataclass
+class W4GemvPrepared:
+    packed: torch.Tensor  # uint8 [out_pad / 4, kp / 64, 4, 32]
+    scale: torch.Tensor  # float32 [out_pad / 4, n_groups, 4] (padded rows: 0)
+    zero: torch.Tensor  # int32 [out_pad / 4, n_groups, 4]
+    group: int
+    n_in: int
+    k_pad: int
+    out: int
+    bias: torch.Tensor | None
+    method: str = "native"
+
+
+def pack(codes: torch.Tensor) -> torch.Tensor:
+    """Unsigned codes ``[out, kp]`` (0..15; out a multiple of 4, kp of 64) → the kernel's bytes
+    ``[out/4, kp/64, 4, 32]``: 4 rows interleaved chunk by chunk, one sequential stream."""
+    out, kp = codes.shape
+    c = codes.to(torch.uint8).reshape(out, kp // CHUNK, CHUNK)
+    b = c[:, :, _LOW] | (c[:, :, _LOW + 32] << 4)  # [out, chunks, 32]
+    return b.reshape(out // 4, 4, kp // CHUNK, 32).transpose(1, 2).contiguous()
+
+
+MAX_GROUP = 4096  # a group's int32 product: |sum| ≤ g·15·32767 < 2^31
+
+
+def check_group(n: int, group: int) -> int:
+    """The kernel's group size for ``n`` input channels (``group`` 0 = whole row), or KernelError."""
+    g = group or n
+    if g % CHUNK and g != n:
+        raise KernelError(f"w4 native kernel needs a group size that is a multiple of {CHUNK}, got {g}")
+    if g > MAX_GROUP:
+        raise KernelError(f"w4 native kernel: group {g} > {MAX_GROUP} could overflow its int32 group sums")
+    return g
+
+
+def prepare(p: LinearParams, kinds: tuple[str, ...] = ("w4a16",)) -> W4GemvPrepared:
+    """The packed normal channels of ``p`` (outlier channels are the caller's)."""
+    if p.kind not in kinds:
+        raise KernelError(f"w4 native kernel got kind {p.kind}, expected {' or '.join(kinds)}")
+    if p.n_outliers and p.kind == "w4a16":
+        raise KernelError("w4a16 native kernel has no outlier channels")
+    out, n = p.codes.shape
+    g = check_group(n, p.group)
+    kp, out_pad = -(-n // CHUNK) * CHUNK, -(-out // 4) * 4
+    if p.zero is None:
+        codes, zero = p.codes.to(torch.int16) + 8, torch.full(p.scale.shape, 8, dtype=torch.int32)
+    else:
+        codes, zero = p.codes.to(torch.int16), p.zero.to(torch.int32)
+    # padded channels meet zero activations; padded rows have zero scales and are sliced off
+    codes = F.pad(codes, (0, kp - n, 0, out_pad - out))
+
+    def blocks(t: torch.Tensor) -> torch.Tensor:  # [out, groups] → [out_pad/4, groups, 4]
+        t = F.pad(t, (0, 0, 0, out_pad - out))
+        return t.reshape(out_pad // 4, 4, -1).transpose(1, 2).contiguous()
+
+    return W4GemvPrepared(pack(codes), blocks(p.scale.float()), blocks(zero), g if g != n else kp, n, kp, out,
+                          p.bias)
+
+
+def run(x: torch.Tensor, w: W4GemvPrepared, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """``x [t, in]`` (float32 or bfloat16; others are converted to float32) → ``[t, out]`` of x's dtype."""
+    lib = lib or library()
+    if lib is None:
+        raise KernelError("w4 gemv kernel: no C compiler could build it")
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        x = x.float()
+    x = x.contiguous()
+    bf16 = int(x.dtype == torch.bfloat16)
+    out_pad = 4 * w.scale.shape[0]
+    y = torch.empty(x.shape[0], out_pad, dtype=x.dtype)
+    if lib.w4_linear(w.packed.data_ptr(), w.scale.data_ptr(), w.zero.data_ptr(), out_pad, w.k_pad, w.group,
+                     w.scale.shape[1], w.n_in, x.data_ptr(), bf16, x.shape[0], y.data_ptr(), bf16,
+                     torch.get_num_threads()):
+        raise MemoryError("w4 gemv kernel: out of memory for its activation buffers")
+    if out_pad != w.out:
+        y = y[:, :w.out]
+    return y + w.bias.to(y.dtype) if w.bias is not None else y
+
+
+def run_codes(codes: torch.Tensor, scale: torch.Tensor, w: W4GemvPrepared, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """Σ_groups scale[t, g]·w_scale[o, g]·(exact integer group product) for activation codes
+    ``codes [t, n]`` (any integer dtype, |code| ≤ 32767) and their group scales ``scale [t, groups]``
+    → ``[t, out]`` float32 (no bias)."""
+    lib = lib or library()
+    if lib is None:
+        raise KernelError("w4 native kernel: no C compiler could build it")
+    t, n = codes.shape
+    ng = w.scale.shape[1]
+    xq = F.pad(codes.to(torch.int16), (0, w.k_pad - n)).contiguous()
+    xsum = F.pad(xq, (0, ng * w.group - w.k_pad)).reshape(t, ng, w.group).sum(-1, dtype=torch.int32)
+    sx = scale.float().contiguous()
+    out_pad = 4 * w.scale.shape[0]
+    y = torch.empty(t, out_pad)
+    if t:
+        lib.w4_gemv_codes(w.packed.data_ptr(), w.scale.data_ptr(), w.zero.data_ptr(), out_pad, w.k_pad, w.group, ng,
+                          xq.data_ptr(), sx.data_ptr(), xsum.contiguous().data_ptr(), t, y.data_ptr(),
+                          torch.get_num_threads())
+    return y[:, :w.out] if out_pad != w.out else y

@@ -1,0 +1,262 @@
+/* 4-bit-weight matrix products for small batches on CPU (decode), where torch's packed-int4
+ * matmul runs far below memory bandwidth. Used by W4A16 (activations rounded here to int16) and
+ * W4A4 (activations already INT4 codes).
+ *
+ * Weights: unsigned 4-bit codes u, value (u - z) * s per group; two per byte; rows padded to kp
+ * (a multiple of 64) with code 0 and to a multiple of 4 with zero scales. Rows go in blocks of 4,
+ * interleaved 32 bytes (64 channels) at a time, so a block is one sequential stream. Within a
+ * chunk the nibbles sit where masking, a 4-bit shift and AVX2's per-lane byte unpacks turn them
+ * into four int16 vectors of 16 consecutive channels (lowbit/kernels/cpu_w4_gemv.py, ``pack``).
+ * Scales and zero points are stored [out/4, groups, 4]: one load per block and group.
+ *
+ * Arithmetic: per (row, group) the product P = sum((u - z) * xq) is exact in int32 (vpmaddwd,
+ * then z * sum(xq) subtracted as an integer); the only roundings are float32: y = sum over groups
+ * of float(P) * (s * sx), fused multiply-adds in group order. A token's result is the same bits
+ * whatever batch it comes in and however many threads run (tested).
+ *
+ * Threads: OpenMP over output rows when built with -fopenmp (loaded after torch, the soname
+ * resolves to torch's own libgomp, so pools and torch.set_num_threads are shared); row_blocks.h.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "row_blocks.h"
+
+#if defined(__AVX2__) && !defined(W4_NO_SIMD)
+#define W4_SIMD 1
+#else
+#define W4_SIMD 0
+#endif
+
+int w4_has_simd(void) { return W4_SIMD; }
+
+int w4_has_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch's .to(bfloat16) */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* Token rows x [t, k] -> xq [t, kp] int16 (zero padded), sx [t, ng] the group scales
+ * (absmax / 32767, round half to even) and xsum [t, ng] the exact sums of each group's codes.
+ * A group with NaN/Inf gets a NaN scale, so all of the token's outputs are NaN. */
+static void quant_act(const float *x, int64_t t, int64_t k, int64_t kp, int64_t group, int64_t ng,
+                      int16_t *xq, float *sx, int32_t *xsum) {
+    for (int64_t i = 0; i < t; i++) {
+        const float *xr = x + i * k;
+        int16_t *qr = xq + i * kp;
+        for (int64_t g = 0; g < ng; g++) {
+            int64_t a = g * group, b = a + group < k ? a + group : k;
+            float amax = 0.f;
+            int finite = 1;
+            for (int64_t j = a; j < b; j++) {
+                amax = fmaxf(amax, fabsf(xr[j]));
+                finite &= isfinite(xr[j]) != 0;
+            }
+            float s = !finite ? NAN : amax > 0.f ? amax / 32767.f : 1.f;
+            int32_t sum = 0;
+            for (int64_t j = a; j < b; j++) {
+                int32_t q = finite ? (int32_t)nearbyintf(xr[j] / s) : 0;
+                q = q > 32767 ? 32767 : (q < -32767 ? -32767 : q);
+                qr[j] = (int16_t)q;
+                sum += q;
+            }
+            sx[i * ng + g] = s;
+            xsum[i * ng + g] = sum;
+        }
+        for (int64_t j = k; j < kp; j++) qr[j] = 0;
+    }
+}
+
+#if W4_SIMD
+/* acc += the 64 products of one 32-byte chunk of codes with 64 int16 activations. */
+#define W4_CHUNK(acc, p, xv0, xv1, xv2, xv3)                                                   \
+    do {                                                                                     \
+        __m256i v_ = _mm256_loadu_si256((const __m256i *)(p));                               \
+        __m256i lo_ = _mm256_and_si256(v_, m4);                                              \
+        __m256i hi_ = _mm256_and_si256(_mm256_srli_epi16(v_, 4), m4);                        \
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_unpacklo_epi8(lo_, zero), xv0)); \
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_unpackhi_epi8(lo_, zero), xv1)); \
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_unpacklo_epi8(hi_, zero), xv2)); \
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_unpackhi_epi8(hi_, zero), xv3)); \
+    } while (0)
+
+/* y[o..o+3] for the 4-row blocks [b0, b1) and one token: every activation load serves 4 rows. */
+static void blocks_one_token(const uint8_t *w, const float *s4, const int32_t *z4, int64_t kp, int64_t group,
+                             int64_t ng, const int16_t *xq, const float *sx, const int32_t *xsum, float *y,
+                             int64_t b0, int64_t b1) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();
+    for (int64_t bi = b0; bi < b1; bi++) {
+        const uint8_t *wb = w + bi * 2 * kp;
+        __m128 f = _mm_setzero_ps();
+        for (int64_t g = 0; g < ng; g++) {
+            int64_t a = g * group, b = a + group < kp ? a + group : kp;
+            __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t j = a; j < b; j += 64) {
+                const __m256i *xv = (const __m256i *)(xq + j);
+                const uint8_t *p = wb + 2 * j;
+                __m256i x0 = _mm256_loadu_si256(xv), x1 = _mm256_loadu_si256(xv + 1);
+                __m256i x2 = _mm256_loadu_si256(xv + 2), x3 = _mm256_loadu_si256(xv + 3);
+                W4_CHUNK(a0, p, x0, x1, x2, x3);
+                W4_CHUNK(a1, p + 32, x0, x1, x2, x3);
+                W4_CHUNK(a2, p + 64, x0, x1, x2, x3);
+                W4_CHUNK(a3, p + 96, x0, x1, x2, x3);
+            }
+            const int64_t q = (bi * ng + g) * 4;
+            __m128i zs = _mm_mullo_epi32(_mm_loadu_si128((const __m128i *)(z4 + q)), _mm_set1_epi32(xsum[g]));
+            __m128i prod = _mm_sub_epi32(hsum4x8(a0, a1, a2, a3), zs);
+            __m128 scale = _mm_mul_ps(_mm_loadu_ps(s4 + q), _mm_set1_ps(sx[g]));
+            f = _mm_fmadd_ps(_mm_cvtepi32_ps(prod), scale, f);
+        }
+        _mm_storeu_ps(y + 4 * bi, f);
+    }
+}
+
+/* y[i, o] for the rows of blocks [b0, b1) and 4 tokens: each row's codes are unpacked once for
+ * the 4 tokens. Per (row, token) the integer and float steps are those of blocks_one_token. */
+static void rows_four_tokens(const uint8_t *w, const float *s4, const int32_t *z4, int64_t kp, int64_t group,
+                             int64_t ng, const int16_t *xq, const float *sx, const int32_t *xsum, float *y,
+                             int64_t out, int64_t b0, int64_t b1) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();
+    for (int64_t o = 4 * b0; o < 4 * b1; o++) {
+        const uint8_t *wr = w + (o / 4) * 2 * kp + (o % 4) * 32;
+        __m128 f = _mm_setzero_ps(); /* lanes: the 4 tokens */
+        for (int64_t g = 0; g < ng; g++) {
+            int64_t a = g * group, b = a + group < kp ? a + group : kp;
+            __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                              _mm256_setzero_si256()};
+            for (int64_t j = a; j < b; j += 64) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(wr + 2 * j));
+                __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                __m256i w0 = _mm256_unpacklo_epi8(lo, zero), w1 = _mm256_unpackhi_epi8(lo, zero);
+                __m256i w2 = _mm256_unpacklo_epi8(hi, zero), w3 = _mm256_unpackhi_epi8(hi, zero);
+                for (int i = 0; i < 4; i++) {
+                    const __m256i *xv = (const __m256i *)(xq + i * kp + j);
+                    acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(w0, _mm256_loadu_si256(xv)));
+                    acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(w1, _mm256_loadu_si256(xv + 1)));
+                    acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(w2, _mm256_loadu_si256(xv + 2)));
+                    acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(w3, _mm256_loadu_si256(xv + 3)));
+                }
+            }
+            const int64_t q = ((o / 4) * ng + g) * 4 + o % 4;
+            __m128i xs = _mm_setr_epi32(xsum[g], xsum[ng + g], xsum[2 * ng + g], xsum[3 * ng + g]);
+            __m128i prod = _mm_sub_epi32(hsum4x8(acc[0], acc[1], acc[2], acc[3]), _mm_mullo_epi32(xs, _mm_set1_epi32(z4[q])));
+            __m128 scale = _mm_mul_ps(_mm_set1_ps(s4[q]), _mm_setr_ps(sx[g], sx[ng + g], sx[2 * ng + g], sx[3 * ng + g]));
+            f = _mm_fmadd_ps(_mm_cvtepi32_ps(prod), scale, f);
+        }
+        float r[4];
+        _mm_storeu_ps(r, f);
+        for (int i = 0; i < 4; i++) y[i * out + o] = r[i];
+    }
+}
+#endif
+
+#if !W4_SIMD
+/* Portable path (no AVX2): the same exact group products, nibble by nibble, and the same float
+ * steps (fmaf in group order). */
+static void rows_portable(const uint8_t *w, const float *s4, const int32_t *z4, int64_t kp, int64_t group,
+                          int64_t ng, const int16_t *xq, const float *sx, const int32_t *xsum, float *y,
+                          int64_t b0, int64_t b1) {
+    for (int64_t o = 4 * b0; o < 4 * b1; o++) {
+        const uint8_t *wr = w + (o / 4) * 2 * kp + (o % 4) * 32;
+        float f = 0.f;
+        for (int64_t g = 0; g < ng; g++) {
+            int64_t a = g * group, b = a + group < kp ? a + group : kp;
+            int32_t acc = 0;
+            for (int64_t j = a; j < b; j += 64) {
+                const uint8_t *p = wr + 2 * j;
+                const int16_t *xv = xq + j;
+                /* chunk byte c: low nibble is channel L(c), high nibble channel L(c) + 32 */
+                for (int c = 0; c < 32; c++) {
+                    int lane = c & 15, half = c >> 4; /* 128-bit half of the 256-bit vector */
+                    int ch = (lane >> 3) * 16 + half * 8 + (lane & 7);
+                    acc += (p[c] & 15) * xv[ch] + (p[c] >> 4) * xv[ch + 32];
+                }
+            }
+            const int64_t q = ((o / 4) * ng + g) * 4 + o % 4;
+            f = fmaf((float)(acc - z4[q] * xsum[g]), s4[q] * sx[g], f);
+        }
+        y[o] = f;
+    }
+}
+#endif
+
+struct w4_args {
+    const uint8_t *w;
+    const float *s4, *sx;
+    const int32_t *z4, *xsum;
+    const int16_t *xq;
+    int64_t out, kp, group, ng, t;
+    float *y;
+};
+
+static void w4_item(const void *ctx, int64_t b0, int64_t b1) {
+    const struct w4_args *a = ctx;
+    const int64_t kp = a->kp, ng = a->ng;
+    int64_t i = 0;
+#if W4_SIMD
+    /* 4 tokens at a time share each unpack; the rest one by one, 4 rows sharing each load */
+    for (; i + 4 <= a->t; i += 4)
+        rows_four_tokens(a->w, a->s4, a->z4, kp, a->group, ng, a->xq + i * kp, a->sx + i * ng, a->xsum + i * ng,
+                         a->y + i * a->out, a->out, b0, b1);
+    for (; i < a->t; i++)
+        blocks_one_token(a->w, a->s4, a->z4, kp, a->group, ng, a->xq + i * kp, a->sx + i * ng, a->xsum + i * ng,
+                         a->y + i * a->out, b0, b1);
+#else
+    for (; i < a->t; i++)
+        rows_portable(a->w, a->s4, a->z4, kp, a->group, ng, a->xq + i * kp, a->sx + i * ng, a->xsum + i * ng,
+                      a->y + i * a->out, b0, b1);
+#endif
+}
+
+/* y [t, out] = the products of activation codes xq [t, kp] (scales sx, code sums xsum [t, ng])
+ * with the packed weights; out a multiple of 4. */
+void w4_gemv_codes(const uint8_t *w, const float *s4, const int32_t *z4, int64_t out, int64_t kp, int64_t group,
+                   int64_t ng, const int16_t *xq, const float *sx, const int32_t *xsum, int64_t t, float *y,
+                   int threads) {
+    struct w4_args a = {w, s4, sx, z4, xsum, xq, out, kp, group, ng, t, y};
+    for_row_blocks(out, threads, w4_item, &a);
+}
+
+/* The whole W4A16 linear in one call (one crossing from Python per layer): x [t, k] float32
+ * (x_bf16 = 0) or bfloat16 (1) -> y [t, out] float32 or bfloat16 (y_bf16). Returns 0, or -1 if
+ * out of memory. */
+int w4_linear(const uint8_t *w, const float *s4, const int32_t *z4, int64_t out, int64_t kp, int64_t group,
+              int64_t ng, int64_t k, const void *x, int x_bf16, int64_t t, void *y, int y_bf16, int threads) {
+    if (t <= 0) return 0;
+    int16_t *xq = malloc((size_t)(t * kp) * sizeof(int16_t));
+    float *sx = malloc((size_t)(t * ng) * sizeof(float));
+    int32_t *xsum = malloc((size_t)(t * ng) * sizeof(int32_t));
+    float *xf = x_bf16 ? malloc((size_t)(t * k) * sizeof(float)) : NULL;
+    float *yf = y_bf16 ? malloc((size_t)(t * out) * sizeof(float)) : (float *)y;
+    int rc = -1;
+    if (!xq || !sx || !xsum || (x_bf16 && !xf) || !yf) goto done;
+    if (x_bf16)
+        for (int64_t i = 0; i < t * k; i++) xf[i] = bf16_to_f32(((const uint16_t *)x)[i]);
+    quant_act(x_bf16 ? xf : (const float *)x, t, k, kp, group, ng, xq, sx, xsum);
+    w4_gemv_codes(w, s4, z4, out, kp, group, ng, xq, sx, xsum, t, yf, threads);
+    if (y_bf16)
+        for (int64_t i = 0; i < t * out; i++) ((uint16_t *)y)[i] = f32_to_bf16(yf[i]);
+    rc = 0;
+done:
+    free(xq), free(sx), free(xsum), free(xf);
+    if (y_bf16) free(yf);
+    return rc;
+}
