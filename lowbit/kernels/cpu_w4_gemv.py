@@ -63,6 +63,11 @@ class W4GemvPrepared:
     bias: torch.Tensor | None
     method: str = "native"
 
+    def __post_init__(self) -> None:
+        # the weight half of w4_linear's arguments, built once: a decode step calls every layer
+        self.args = (self.packed.data_ptr(), self.scale.data_ptr(), self.zero.data_ptr(), 4 * self.scale.shape[0],
+                     self.k_pad, self.group, self.scale.shape[1], self.n_in)
+
 
 def pack(codes: torch.Tensor) -> torch.Tensor:
     """Unsigned codes ``[out, kp]`` (0..15; out a multiple of 4, kp of 64) → the kernel's bytes
@@ -111,22 +116,21 @@ def prepare(p: LinearParams, kinds: tuple[str, ...] = ("w4a16",)) -> W4GemvPrepa
 
 
 def run(x: torch.Tensor, w: W4GemvPrepared, lib: ctypes.CDLL | None = None) -> torch.Tensor:
-    """``x [t, in]`` (float32 or bfloat16; others are converted to float32) → ``[t, out]`` of x's dtype."""
+    """``x [..., in]`` (float32 or bfloat16; others are converted to float32) → ``[..., out]`` of
+    x's dtype."""
     lib = lib or library()
     if lib is None:
         raise KernelError("w4 gemv kernel: no C compiler could build it")
-    if x.dtype not in (torch.float32, torch.bfloat16):
+    if x.dtype != torch.bfloat16 and x.dtype != torch.float32:
         x = x.float()
     x = x.contiguous()
     bf16 = int(x.dtype == torch.bfloat16)
-    out_pad = 4 * w.scale.shape[0]
-    y = torch.empty(x.shape[0], out_pad, dtype=x.dtype)
-    if lib.w4_linear(w.packed.data_ptr(), w.scale.data_ptr(), w.zero.data_ptr(), out_pad, w.k_pad, w.group,
-                     w.scale.shape[1], w.n_in, x.data_ptr(), bf16, x.shape[0], y.data_ptr(), bf16,
-                     torch.get_num_threads()):
+    out_pad = w.args[3]
+    y = torch.empty(*x.shape[:-1], out_pad, dtype=x.dtype)
+    if lib.w4_linear(*w.args, x.data_ptr(), bf16, x.numel() // w.n_in, y.data_ptr(), bf16, torch.get_num_threads()):
         raise MemoryError("w4 gemv kernel: out of memory for its activation buffers")
     if out_pad != w.out:
-        y = y[:, :w.out]
+        y = y[..., :w.out]
     return y + w.bias.to(y.dtype) if w.bias is not None else y
 
 

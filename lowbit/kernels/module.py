@@ -36,11 +36,13 @@ class KernelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
+        x2 = x if x.dim() == 2 else x.reshape(-1, shape[-1])
         if self.input_perm is not None:
             x2 = x2.index_select(1, self.input_perm)
         y = self.prepared(x2)
-        return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
+        if y.dim() != len(shape):
+            y = y.reshape(*shape[:-1], self.out_features)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.in_features}->{self.out_features}, {self.prepared.kind} via {self.prepared.kernel}"
