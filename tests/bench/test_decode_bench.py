@@ -61,3 +61,17 @@ def test_decode_small_real_run(tmp_path):
     assert fp["kv_bytes"] == 2 * q["kv_bytes"]
     assert all(r["decode_tok_s"] > 0 and r["peak_mem_bytes"] > 0 for r in rows)
     assert (tmp_path / "decode.png").stat().st_size > 0
+
+
+def test_decode_split_small_real_run(tmp_path):
+    """The step split adds up and covers every linear (decoder linears and LM head both timed)."""
+    rc = main(["bench", "decode-split", "--formats", "fp32,w4a16", "--prompt", "8", "--new", "3", "--repeats", "1",
+               "--calib", "1x32", "--out", str(tmp_path)])
+    assert rc == 0
+    rows = json.loads((tmp_path / "decode_split.json").read_text())["rows"]
+    assert [r["format"] for r in rows] == ["fp32", "w4a16"]
+    for r in rows:
+        assert r["linears_ms"] > 0 and r["lm_head_ms"] > 0
+        assert r["step_ms"] == pytest.approx(r["linears_ms"] + r["lm_head_ms"] + r["rest_ms"])
+        assert r["bound_ms"] < r["step_ms"]
+    assert main(["bench", "decode-split", "--formats", "w9a9", "--out", str(tmp_path)]) == 2

@@ -58,3 +58,18 @@ def test_gemm_bad_arguments(tmp_path):
     assert main(["bench", "gemm", "--kernels", "w9a9", "--out", str(tmp_path)]) == 2
     assert main(["bench", "gemm", "--kernels", "w8a8@native", "--out", str(tmp_path)]) == 2
     assert main(["bench", "gemm", "--shapes", "huge", "--out", str(tmp_path)]) == 2
+
+
+def test_weight_copies_overflow_the_last_level_cache():
+    """Repeated calls must stream weights from memory (as decode does), not from L3."""
+    import torch
+
+    from lowbit.bench.gemm import _copies, _last_level_cache
+
+    cpu = torch.device("cpu")
+    llc = _last_level_cache(cpu)
+    assert llc > 0
+    for wbytes in (1 << 20, 8 << 20, 64 << 20):
+        n = _copies(cpu, wbytes)
+        assert 1 <= n <= 16 and (n == 16 or n * wbytes >= 4 * llc)
+    assert _copies(cpu, 1 << 40) == 1

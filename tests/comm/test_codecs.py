@@ -184,6 +184,7 @@ def test_simd_and_portable_builds_write_the_same_bits(dtype):
     x = _nasty(3 * ROW + 777, dtype, seed=5)
     x[3000:3040] = torch.tensor([-0.0, 0.0] * 20).to(dtype)  # zero and negative-zero block
     x[3072:3104] = torch.tensor([-2.0, 2.0] * 16).to(dtype)  # signed-absmax tie, negative first
+    x[3168:3200] = torch.tensor([0.5] * 9 + [3.0] + [1.0] * 11 + [-3.0] + [0.25] * 10).to(dtype)  # tie, positive first
     x[3104:3136] = torch.tensor([65504.0 * 4] + [1.0] * 31).to(dtype) if dtype != torch.float16 else x[3104:3136]
     rows = -(-x.numel() // ROW)
     for name in CODECS:

@@ -1,0 +1,130 @@
+"""``lowbit bench decode-split``: where one decode step's time goes, per format: the decoder's
+linears, the LM head, and everything else (attention, norms, rotary, cache updates, sampling,
+Python). It says how much a faster linear kernel can still buy: with free decoder linears a
+format's step could shrink at most to "LM head + rest".
+
+Timing hooks on every linear (a few µs each, in every format alike); formats are built as
+``lowbit bench decode`` builds them, and measured alternately, median of repeats.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def register(kinds) -> None:
+    from .decode import FORMATS
+
+    p = kinds.add_parser("decode-split", help="decode step time split: decoder linears, LM head, the rest")
+    p.add_argument("--model", default="default")
+    p.add_argument("--formats", default="bf16,w4a16", help=f"comma list of {', '.join(FORMATS)}")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--prompt", type=int, default=128)
+    p.add_argument("--new", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--calib", default="4x128")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("bench_out/decode_split"))
+    p.set_defaults(func=run, gptq=False, kernel=None, device="cpu")
+
+
+def _hooks(model, acc: dict) -> list:
+    """Accumulate seconds spent in each linear: ``lm_head`` or ``decoder linears``."""
+    import time
+
+    import torch
+
+    from lowbit.kernels.module import KernelLinear
+    from lowbit.nn.quant_linear import QuantLinear
+
+    handles = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, (torch.nn.Linear, KernelLinear, QuantLinear)):
+            key = "lm_head" if name.endswith("lm_head") else "linears"
+
+            def pre(m, args):
+                m._lowbit_t0 = time.perf_counter()
+
+            def post(m, args, out, key=key):
+                acc[key] += time.perf_counter() - m._lowbit_t0
+
+            handles += [mod.register_forward_pre_hook(pre), mod.register_forward_hook(post)]
+    return handles
+
+
+def run(args) -> int:
+    import statistics
+    import time
+    from collections import defaultdict
+
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from lowbit.data import calibration_ids
+    from lowbit.models import load_model
+
+    from .decode import FORMATS, _cache_for, _make_model
+    from .report import write_json
+
+    console = Console()
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    if any(f not in FORMATS for f in formats) or args.batch < 1 or args.new < 2 or args.repeats < 1:
+        console.print(f"[red]bad arguments: formats from {', '.join(FORMATS)}, batch >= 1, new >= 2, repeats >= 1[/red]")
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    base, tok = load_model(args.model, dtype=torch.float32, device="cpu")
+    base.eval()
+    ids = calibration_ids(tok, args.batch, args.prompt, seed=1)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    models = {f: _make_model(base, f, tok, args, torch.device("cpu"))[0].eval() for f in formats}
+
+    def gen(model, fmt, n):
+        with torch.inference_mode():
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                           do_sample=False, cache=_cache_for(model, fmt), pad_token_id=pad)
+
+    samples = defaultdict(list)
+    for _ in range(args.repeats):
+        for fmt, model in models.items():  # alternate formats: drifts of a shared machine hit both
+            gen(model, fmt, 2)
+            acc: dict = defaultdict(float)
+            handles = _hooks(model, acc)
+            try:
+                t0 = time.perf_counter()
+                gen(model, fmt, 1)
+                pre, pre_acc = time.perf_counter() - t0, dict(acc)
+                acc.clear()
+                t0 = time.perf_counter()
+                gen(model, fmt, args.new + 1)
+                total = time.perf_counter() - t0
+            finally:
+                for h in handles:
+                    h.remove()
+            n = args.new  # steps after the prefill, whose share is subtracted
+            step = (total - pre) / n
+            lin = (acc["linears"] - pre_acc.get("linears", 0.0)) / n
+            head = (acc["lm_head"] - pre_acc.get("lm_head", 0.0)) / n
+            samples[fmt].append({"step_ms": step * 1e3, "linears_ms": lin * 1e3, "lm_head_ms": head * 1e3,
+                                 "rest_ms": (step - lin - head) * 1e3})
+    rows = []
+    for fmt in formats:
+        med = {k: statistics.median(s[k] for s in samples[fmt]) for k in samples[fmt][0]}
+        rows.append({"format": fmt, **med, "bound_ms": med["step_ms"] - med["linears_ms"]})
+    ref = rows[0]["step_ms"]
+    table = Table(title=f"decode step split, batch {args.batch}, prompt {args.prompt}, {args.new} steps, "
+                        f"median of {args.repeats}; vs = {formats[0]}'s step / this step")
+    for c in ("format", "step ms", "decoder linears ms", "LM head ms", "rest ms", f"vs {formats[0]}",
+              "at most, with free linears"):
+        table.add_column(c, justify="right")
+    for r in rows:
+        r["vs_first"], r["vs_first_bound"] = ref / r["step_ms"], ref / r["bound_ms"]
+        table.add_row(r["format"], f"{r['step_ms']:.1f}", f"{r['linears_ms']:.1f}", f"{r['lm_head_ms']:.1f}",
+                      f"{r['rest_ms']:.1f}", f"{r['vs_first']:.2f}x", f"{r['vs_first_bound']:.2f}x")
+    console.print(table)
+    meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+    write_json(args.out / "decode_split.json", {"meta": meta | {"threads": torch.get_num_threads()},
+                                                "rows": rows, "samples": samples})
+    console.print(f"wrote {args.out}/decode_split.json")
+    return 0
