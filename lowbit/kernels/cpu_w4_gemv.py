@@ -1,14 +1,17 @@
-"""W4A16 for small batches on CPU: lowbit's own AVX2 matrix-vector kernel (``csrc/w4_gemv.c``).
+"""lowbit's own 4-bit-weight CPU kernel (``csrc/w4_gemv.c``), for W4A16 and W4A4.
 
 torch's packed-int4 CPU matmul streams the weight at well under the memory bandwidth at batch 1,
-so decode gains little from 4-bit weights. This kernel unpacks 64 codes per 32 bytes with a
-mask, a shift and byte unpacks, and multiplies them with the activations quantized per weight
-group to int16 (``vpmaddwd``, exact in int32); 4 output rows share every activation load.
+so decode gains little from 4-bit weights. This kernel unpacks 64 codes per 32 bytes with a mask,
+a shift and byte unpacks and multiplies them with int16 activation codes (``vpmaddwd``): each
+(row, group) product is an exact int32 (zero point subtracted as an integer), and the only
+roundings are the float32 rescale and the sum over groups. 4 output rows share every activation
+load; 4 tokens share every unpack.
 
-Numerics: the activations are rounded to int16 per group (|error| ≤ scale/2, scale = absmax/32767,
-i.e. 2^-16 of the group's absmax, far finer than bfloat16's 2^-8 relative), then float32 rescale
-and sums. Tested against the float64 reference within Σ_g (scale_g/2)·Σ|w| + 2^-20·Σ|w||x|.
-A token with a NaN/Inf activation gets NaN outputs.
+W4A16 (:func:`run`): the activations are rounded to int16 per weight group (|error| ≤ scale/2,
+scale = absmax/32767, i.e. 2^-16 of the group's absmax, far finer than bfloat16's 2^-8 relative);
+tested against the float64 reference within Σ_g (scale_g/2)·Σ|w| + 2^-20·Σ|x||w|. A token with a
+NaN/Inf activation gets NaN outputs. W4A4 (:func:`run_codes`): its INT4 activation codes go in as
+they are, so the result is the exact integer reference up to float32 rescaling.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """W4A16 on CPU, two methods:
 
 - ``native`` (default where it builds and the group is a multiple of 64): lowbit's AVX2 kernel
-  with int16 activations (:mod:`.cpu_w4_gemv`), 2-3x faster than ``int4pack`` here.
+  with int16 activations (:mod:`.cpu_w4_gemv`), 1.2-1.8x faster than ``int4pack`` on 4096² here.
 - ``int4pack``: torch's packed-int4 matmul (``_weight_int4pack_mm_for_cpu``), described below.
 
 Layout ``int4pack`` wants (checked on torch 2.13): weight codes as int32 ``[out, K]`` in 0..15, packed by

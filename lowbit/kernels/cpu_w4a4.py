@@ -8,7 +8,7 @@ group), so groups cannot share one integer accumulator. Three ways to get the ex
 
 - ``native`` (default where it builds and the group is a multiple of 64): lowbit's 4-bit C
   kernel (:mod:`.cpu_w4_gemv`) reads the packed half-byte weights and sums each group's integer
-  products exactly in int32 (``vpmaddwd``), then rescales in float32; 4-6x faster than
+  products exactly in int32 (``vpmaddwd``), then rescales in float32; about 4x faster than
   ``float`` at batch 1, and the weights stay 4-bit in memory.
 - ``int_mm``: one int8 x int8 → int32 ``torch._int_mm`` per group. True integer arithmetic,
   but on CPUs without VNNI/AMX torch runs it as a slow generic loop (measured ~0.4 GOP/s on

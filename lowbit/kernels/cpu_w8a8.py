@@ -4,7 +4,8 @@ weight, then one float32 rescale by activation scale x weight scale.
 Three ways to the exact int32 product (bit-identical results, tested):
 
 - ``native`` (default where it builds): lowbit's C kernel (:mod:`.cpu_w8_gemv`), the weight
-  kept as 1-byte codes, int32 sums of sign-extended products; fastest here up to mid batches.
+  kept as 1-byte codes, int32 sums of sign-extended products; faster than ``float`` at every
+  batch measured here (3.3x at batch 1, 1.3x at 512 on 4096²).
 - ``int_mm``: ``torch._int_mm`` (int8 x int8 → int32), the weight as the transposed view of a
   row-major ``[out, in]`` tensor (measured ~5x faster than a contiguous ``[in, out]``). On CPUs
   without VNNI/AMX torch runs it as a slow generic loop.
