@@ -17,7 +17,13 @@ SHAPE_SETS = {  # (name, in_features, out_features)
     "llama7b": [("4096x4096", 4096, 4096), ("4096x11008", 4096, 11008), ("11008x4096", 11008, 4096)],
 }
 KERNELS = ("fp32", "bf16", "w4a16", "w8a16", "w8a8", "w4a4")
-METHODS = {"w4a16": ("native", "int4pack"), "w8a8": ("float", "int_mm"), "w4a4": ("float", "int_mm")}  # KIND@METHOD
+
+
+def _methods() -> dict[str, tuple[str, ...]]:
+    """The CPU methods each kind offers (``KIND@METHOD``), as its kernel module declares them."""
+    from lowbit.kernels import cpu_w4a4, cpu_w4a16, cpu_w8a8
+
+    return {"w4a16": cpu_w4a16.METHODS, "w8a8": cpu_w8a8.METHODS, "w4a4": cpu_w4a4.METHODS}
 
 
 def register(kinds) -> None:
@@ -26,8 +32,9 @@ def register(kinds) -> None:
     p.add_argument("--batches", default="1,8,64,512")
     p.add_argument("--kernels", default=",".join(KERNELS),
                    help="fp32,bf16 and quantized kinds w4a16,w8a16,w8a8,w4a4; KIND@METHOD picks a CPU "
-                        "method: w8a8/w4a4@int_mm (torch._int_mm, slow without VNNI/AMX), "
-                        "w4a16@int4pack (torch's int4 matmul instead of lowbit's native kernel)")
+                        "method other than the default native kernel: w8a8/w4a4@float (exact products "
+                        "through float32 SGEMM), w8a8/w4a4@int_mm (torch._int_mm, slow without "
+                        "VNNI/AMX), w4a16@int4pack (torch's int4 matmul)")
     p.add_argument("--kernel", default=None, choices=["auto", "reference", "cpu", "triton"],
                    help="force the implementation of the quantized kinds (default: LOWBIT_KERNEL or auto)")
     p.add_argument("--repeats", type=int, default=5)
@@ -161,9 +168,10 @@ def run(args) -> int:
         return 2
     batches = [int(b) for b in args.batches.split(",")]
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
-    bad = [k for k in kernels if k.split("@")[0] not in KERNELS or ("@" in k and k.split("@")[1] not in METHODS.get(k.split("@")[0], ()))]
+    methods = _methods()
+    bad = [k for k in kernels if k.split("@")[0] not in KERNELS or ("@" in k and k.split("@")[1] not in methods.get(k.split("@")[0], ()))]
     if bad or any(b < 1 for b in batches) or args.repeats < 1:
-        methods = "; ".join(f"{k}@{'|'.join(m)}" for k, m in METHODS.items())
+        methods = "; ".join(f"{k}@{'|'.join(m)}" for k, m in methods.items())
         console.print(f"[red]bad arguments: kernels {bad} (choose {', '.join(KERNELS)}; methods {methods}), "
                       "batches >= 1, repeats >= 1[/red]")
         return 2

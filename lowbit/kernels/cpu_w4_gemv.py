@@ -94,6 +94,15 @@ def check_group(n: int, group: int) -> int:
     return g
 
 
+def fits(n: int, group: int) -> bool:
+    """Whether :func:`check_group` accepts the layout (callers fall back to another method)."""
+    try:
+        check_group(n, group)
+    except KernelError:
+        return False
+    return True
+
+
 def prepare(p: LinearParams, kinds: tuple[str, ...] = ("w4a16",)) -> W4GemvPrepared:
     """The packed normal channels of ``p`` (outlier channels are the caller's)."""
     if p.kind not in kinds:

@@ -48,9 +48,8 @@ def available() -> bool:
 
 
 def default_method(p: LinearParams) -> str:
-    g = p.group or p.n_normal
-    fits = g % cpu_w4_gemv.CHUNK == 0 or g == p.n_normal
-    return "native" if fits and cpu_w4_gemv.available() else "int4pack"
+    native = cpu_w4_gemv.fits(p.n_normal, p.group) and cpu_w4_gemv.available()
+    return "native" if native else "int4pack"
 
 
 def prepare(p: LinearParams, method: str | None = None):

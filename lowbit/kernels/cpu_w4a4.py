@@ -70,11 +70,8 @@ def available() -> bool:
 
 
 def default_method(p: LinearParams) -> str:
-    try:
-        cpu_w4_gemv.check_group(p.n_normal, p.group)
-    except KernelError:
-        return "float"
-    return "native" if cpu_w4_gemv.available() else "float"
+    native = cpu_w4_gemv.fits(p.n_normal, p.group) and cpu_w4_gemv.available()
+    return "native" if native else "float"
 
 
 def prepare(p: LinearParams, method: str | None = None):

@@ -56,7 +56,7 @@ def test_gemm_end_to_end(tmp_path):
 
 def test_gemm_bad_arguments(tmp_path):
     assert main(["bench", "gemm", "--kernels", "w9a9", "--out", str(tmp_path)]) == 2
-    assert main(["bench", "gemm", "--kernels", "w8a8@native", "--out", str(tmp_path)]) == 2
+    assert main(["bench", "gemm", "--kernels", "w8a8@int4pack", "--out", str(tmp_path)]) == 2
     assert main(["bench", "gemm", "--shapes", "huge", "--out", str(tmp_path)]) == 2
 
 

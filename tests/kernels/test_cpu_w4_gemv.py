@@ -131,3 +131,7 @@ def test_method_choice():
     assert cpu_w4a16.default_method(p32) == "int4pack"
     with pytest.raises(KernelError, match="multiple of 64"):
         cpu_w4a16.prepare(p32, "native")
+    wide = from_float(torch.randn(4, 4160), "w4a16", group=0)  # one group of 4160 > MAX_GROUP
+    assert cpu_w4a16.default_method(wide) == "int4pack"
+    with pytest.raises(KernelError, match="overflow"):
+        cpu_w4a16.prepare(wide, "native")
