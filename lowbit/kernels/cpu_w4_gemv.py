@@ -94,13 +94,14 @@ def check_group(n: int, group: int) -> int:
     return g
 
 
-def fits(n: int, group: int) -> bool:
-    """Whether :func:`check_group` accepts the layout (callers fall back to another method)."""
+def usable(p: LinearParams) -> bool:
+    """Whether this kernel builds here and :func:`check_group` accepts ``p``'s normal channels:
+    the W4A16 and W4A4 defaults pick it then, and fall back to another method otherwise."""
     try:
-        check_group(n, group)
+        check_group(p.n_normal, p.group)
     except KernelError:
         return False
-    return True
+    return available()
 
 
 def prepare(p: LinearParams, kinds: tuple[str, ...] = ("w4a16",)) -> W4GemvPrepared:

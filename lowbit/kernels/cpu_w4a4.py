@@ -70,8 +70,7 @@ def available() -> bool:
 
 
 def default_method(p: LinearParams) -> str:
-    native = cpu_w4_gemv.fits(p.n_normal, p.group) and cpu_w4_gemv.available()
-    return "native" if native else "float"
+    return "native" if cpu_w4_gemv.usable(p) else "float"
 
 
 def prepare(p: LinearParams, method: str | None = None):
