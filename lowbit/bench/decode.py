@@ -1,6 +1,7 @@
 """``lowbit bench decode``: generation tokens/s of the real model per format (FP32, BF16, W8A8,
 W4A16, W4A4, W4A4 + INT4 KV cache) and batch size, with peak memory and the bytes of weights and
-KV cache, all formats measured in one run (median of repeats).
+KV cache, all formats measured in one run: every format is built first, then the formats take
+turns within each repeat (a drift of a shared machine hits all of them), median of repeats.
 
 Quantized linears run through :mod:`lowbit.kernels` (``accelerate`` swaps them in). Weights are
 quantized with a tiny calibration set and RTN by default (``--gptq`` for the presets' GPTQ):
@@ -144,47 +145,56 @@ def run(args) -> int:
     base.eval()
     prompts = calibration_ids(tok, max(batches), args.prompt, seed=1)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    rows = []
     fp16_layer_bytes = sum(p.numel() for p in base.model.layers.parameters()) * 2
-    for fmt in tqdm(formats, desc="formats", disable=None):
+    built = {}
+    for fmt in tqdm(formats, desc="build formats", disable=None):
         model, stored, counts, qsec = _make_model(base, fmt, tok, args, device)
-        model.eval()
-        for b in batches:
-            ids = prompts[:b].to(device)
+        built[fmt] = (model.eval(), stored, counts, qsec)
+    rows = []
+    for b in batches:
+        ids = prompts[:b].to(device)
 
-            def gen(n_new: int, model=model, ids=ids):
-                cache = _cache_for(model, fmt)
-                with torch.inference_mode():
-                    model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_new,
-                                   min_new_tokens=n_new, do_sample=False, cache=cache, pad_token_id=pad)
-                sync()
-                return cache
+        def gen(fmt: str, n_new: int, ids=ids):
+            model = built[fmt][0]
+            cache = _cache_for(model, fmt)
+            with torch.inference_mode():
+                model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_new,
+                               min_new_tokens=n_new, do_sample=False, cache=cache, pad_token_id=pad)
+            sync()
+            return cache
 
-            gen(2)  # warm-up
-            if cuda:
-                torch.cuda.reset_peak_memory_stats(device)
-            t_pre, t_all = [], []
-            with PeakRSS() as mem:
-                for _ in range(args.repeats):
+        t_pre, t_all, peaks, growth, caches = ({f: [] for f in formats} for _ in range(5))
+        for fmt in formats:
+            gen(fmt, 2)  # warm-up
+        # formats alternate within each repeat, so a drift of a shared machine hits all of them
+        for _ in tqdm(range(args.repeats), desc=f"batch {b}", disable=None):
+            for fmt in formats:
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats(device)
+                with PeakRSS() as mem:
                     t0 = time.perf_counter()
-                    gen(1)
-                    t_pre.append(time.perf_counter() - t0)
+                    gen(fmt, 1)
+                    t_pre[fmt].append(time.perf_counter() - t0)
                     t0 = time.perf_counter()
-                    cache = gen(args.new)
-                    t_all.append(time.perf_counter() - t0)
-            pre, tot = statistics.median(t_pre), statistics.median(t_all)
-            peak = torch.cuda.max_memory_allocated(device) if cuda else mem.peak
+                    caches[fmt] = gen(fmt, args.new)
+                    t_all[fmt].append(time.perf_counter() - t0)
+                peaks[fmt].append(torch.cuda.max_memory_allocated(device) if cuda else mem.peak)
+                growth[fmt].append(0 if cuda else mem.peak - mem.base)
+        for fmt in formats:
+            _, stored, counts, qsec = built[fmt]
+            pre, tot = statistics.median(t_pre[fmt]), statistics.median(t_all[fmt])
             rows.append({
                 "format": fmt, "batch": b, "prompt": args.prompt, "new": args.new, "repeats": args.repeats,
                 "gen_tok_s": b * args.new / tot, "decode_tok_s": b * (args.new - 1) / max(tot - pre, 1e-9),
-                "prefill_s": pre, "total_s": tot, "peak_mem_bytes": peak,
+                "prefill_s": pre, "total_s": tot, "peak_mem_bytes": max(peaks[fmt]),
                 "peak_mem_kind": "cuda max allocated" if cuda else "process RSS",
-                "rss_growth_bytes": 0 if cuda else mem.peak - mem.base,
+                "rss_growth_bytes": max(growth[fmt]),
                 "layer_weight_bytes": stored, "layer_weight_vs_fp16": stored / fp16_layer_bytes,
-                "kv_bytes": kv_bytes(cache), "kernels": counts, "quantize_s": qsec,
+                "kv_bytes": kv_bytes(caches[fmt]), "kernels": counts, "quantize_s": qsec,
             })
-            console.print(f"{fmt} batch {b}: {rows[-1]['decode_tok_s']:.1f} decode tok/s, prefill {pre:.2f} s", highlight=False)
-        del model
+            console.print(f"{fmt} batch {b}: {rows[-1]['decode_tok_s']:.1f} decode tok/s, prefill {pre:.2f} s",
+                          highlight=False)
+    rows.sort(key=lambda r: (formats.index(r["format"]), r["batch"]))
     fp_kv = {r["batch"]: r["kv_bytes"] for r in rows if r["format"] == "fp32"}
     base_tps = {r["batch"]: r["decode_tok_s"] for r in rows if r["format"] == "bf16"}
     for r in rows:

@@ -34,12 +34,13 @@ def _hooks(model, acc: dict) -> list:
 
     import torch
 
+    from lowbit.kernels.fuse import FusedPart
     from lowbit.kernels.module import KernelLinear
     from lowbit.nn.quant_linear import QuantLinear
 
     handles = []
     for name, mod in model.named_modules():
-        if isinstance(mod, (torch.nn.Linear, KernelLinear, QuantLinear)):
+        if isinstance(mod, (torch.nn.Linear, KernelLinear, QuantLinear, FusedPart)):
             key = "lm_head" if name.endswith("lm_head") else "linears"
 
             def pre(m, args):

@@ -21,9 +21,10 @@ KERNELS = ("fp32", "bf16", "w4a16", "w8a16", "w8a8", "w4a4")
 
 def _methods() -> dict[str, tuple[str, ...]]:
     """The CPU methods each kind offers (``KIND@METHOD``), as its kernel module declares them."""
-    from lowbit.kernels import cpu_w4a4, cpu_w4a16, cpu_w8a8
+    from lowbit.kernels import cpu_w4a4, cpu_w4a16, cpu_w8a8, cpu_w8a16
 
-    return {"w4a16": cpu_w4a16.METHODS, "w8a8": cpu_w8a8.METHODS, "w4a4": cpu_w4a4.METHODS}
+    return {"w4a16": cpu_w4a16.METHODS, "w8a16": cpu_w8a16.METHODS, "w8a8": cpu_w8a8.METHODS,
+            "w4a4": cpu_w4a4.METHODS}
 
 
 def register(kinds) -> None:
@@ -34,7 +35,7 @@ def register(kinds) -> None:
                    help="fp32,bf16 and quantized kinds w4a16,w8a16,w8a8,w4a4; KIND@METHOD picks a CPU "
                         "method other than the default native kernel: w8a8/w4a4@float (exact products "
                         "through float32 SGEMM), w8a8/w4a4@int_mm (torch._int_mm, slow without "
-                        "VNNI/AMX), w4a16@int4pack (torch's int4 matmul)")
+                        "VNNI/AMX), w4a16@int4pack / w8a16@int8pack (torch's int4 / int8 matmul)")
     p.add_argument("--kernel", default=None, choices=["auto", "reference", "cpu", "triton"],
                    help="force the implementation of the quantized kinds (default: LOWBIT_KERNEL or auto)")
     p.add_argument("--repeats", type=int, default=5)

@@ -29,6 +29,8 @@ def model_vocab(model) -> int:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is not None and getattr(head, "weight", None) is not None:
         return int(head.weight.shape[0])
+    if head is not None and isinstance(getattr(head, "out_features", None), int):
+        return head.out_features  # a quantized head
     return int(model.config.vocab_size)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import cbuild
+from . import a16_call, cbuild
 from .params import KernelError, LinearParams
 
 CHUNK = 64  # input channels per 32-byte chunk of codes
@@ -134,17 +134,7 @@ def run(x: torch.Tensor, w: W4GemvPrepared, lib: ctypes.CDLL | None = None) -> t
     lib = lib or library()
     if lib is None:
         raise KernelError("w4 gemv kernel: no C compiler could build it")
-    if x.dtype != torch.bfloat16 and x.dtype != torch.float32:
-        x = x.float()
-    x = x.contiguous()
-    bf16 = int(x.dtype == torch.bfloat16)
-    out_pad = w.args[3]
-    y = torch.empty(*x.shape[:-1], out_pad, dtype=x.dtype)
-    if lib.w4_linear(*w.args, x.data_ptr(), bf16, x.numel() // w.n_in, y.data_ptr(), bf16, torch.get_num_threads()):
-        raise MemoryError("w4 gemv kernel: out of memory for its activation buffers")
-    if out_pad != w.out:
-        y = y[..., :w.out]
-    return y + w.bias.to(y.dtype) if w.bias is not None else y
+    return a16_call.call(lib.w4_linear, w.args, w.n_in, w.args[3], w.out, w.bias, x, "w4 gemv kernel")
 
 
 def run_codes(codes: torch.Tensor, scale: torch.Tensor, w: W4GemvPrepared, lib: ctypes.CDLL | None = None) -> torch.Tensor:

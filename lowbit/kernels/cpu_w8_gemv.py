@@ -1,7 +1,12 @@
-"""lowbit's INT8-weight CPU kernel (``csrc/w8_gemv.c``) for W8A8: the weight stays 1 byte per
-value and each (token, row) product is an exact int32 sum (``vpmaddwd`` on sign-extended codes),
-rescaled once in float32 by weight scale x activation scale. 4 output rows share every activation
-load, 4 tokens share every sign extension.
+"""lowbit's INT8-weight CPU kernel (``csrc/w8_gemv.c``): the weight stays 1 byte per value and
+products are exact int32 sums (``vpmaddwd`` on sign-extended codes). 4 output rows share every
+activation load, 4 tokens share every sign extension.
+
+W8A8 (:func:`run_codes`): per-token INT8 codes, one float32 rescale by weight scale x activation
+scale. W8A16 (:func:`run`): the kernel rounds the activations to int16 per block of 256 channels
+(step s_b = absmax_b/32767, |Δx| ≤ s_b/2) and sums the blocks' rescaled products in float32;
+tested within Σ_b (s_b/2)·Σ|w| + 2^-20·Σ|x||w| of the float64 reference. A NaN/Inf activation
+makes its token's outputs NaN.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import cbuild
+from . import a16_call, cbuild
 from .params import KernelError
 
 CHUNK = 32  # input channels per 32-byte chunk of codes
@@ -23,6 +28,8 @@ PORTABLE_FLAGS = ("-O3", "-DW8_NO_SIMD")
 def _bind(lib: ctypes.CDLL) -> None:
     i64, vp = ctypes.c_int64, ctypes.c_void_p
     lib.w8_gemv_codes.argtypes = [vp, vp, i64, i64, vp, vp, i64, vp, ctypes.c_int]
+    lib.w8_linear.argtypes = [vp, vp, i64, i64, i64, vp, ctypes.c_int, i64, vp, ctypes.c_int, ctypes.c_int]
+    lib.w8_linear.restype = ctypes.c_int
 
 
 _LIB = cbuild.NativeLibrary(Path(__file__).with_name("csrc") / "w8_gemv.c", cbuild.KERNEL_FLAG_SETS, _bind)
@@ -43,6 +50,12 @@ class W8GemvPrepared:
     n_in: int
     k_pad: int
     out: int
+    bias: torch.Tensor | None = None
+    method: str = "native"
+
+    def __post_init__(self) -> None:
+        # the weight half of w8_linear's arguments, built once
+        self.args = (self.packed.data_ptr(), self.scale.data_ptr(), self.scale.shape[0], self.k_pad, self.n_in)
 
 
 def prepare(codes: torch.Tensor, scale: torch.Tensor) -> W8GemvPrepared:
@@ -54,6 +67,15 @@ def prepare(codes: torch.Tensor, scale: torch.Tensor) -> W8GemvPrepared:
     c = F.pad(codes, (0, kp - n, 0, out_pad - out))
     packed = c.reshape(out_pad // 4, 4, kp // CHUNK, CHUNK).transpose(1, 2).contiguous()
     return W8GemvPrepared(packed, F.pad(scale.float(), (0, out_pad - out)).contiguous(), n, kp, out)
+
+
+def run(x: torch.Tensor, w: W8GemvPrepared, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """W8A16: ``x [..., in]`` (float32 or bfloat16; others are converted to float32) → ``[..., out]``
+    of x's dtype."""
+    lib = lib or library()
+    if lib is None:
+        raise KernelError("w8 native kernel: no C compiler could build it")
+    return a16_call.call(lib.w8_linear, w.args, w.n_in, w.args[2], w.out, w.bias, x, "w8 native kernel")
 
 
 def run_codes(codes: torch.Tensor, scale: torch.Tensor, w: W8GemvPrepared, lib: ctypes.CDLL | None = None) -> torch.Tensor:

@@ -1,8 +1,14 @@
-"""W8A16 on CPU through ``_weight_int8pack_mm`` (int8 ``[out, in]`` weight, bf16 activations).
+"""W8A16 on CPU, two methods:
 
-The kernel's own per-channel scale is given as ones and the float32 scale is applied to its
-output, so the fp16 weight scales are not rounded to bf16. Error: bf16 rounding of input and
-output (tested bound 2^-7 of Σ|x||w|). Per-channel weights only (group 0), no outliers.
+- ``native`` (default where it builds): lowbit's INT8-weight kernel with int16 activations
+  (:func:`.cpu_w8_gemv.run`): at batch 1 it streams the 1-byte weight near memory bandwidth, where
+  ``int8pack`` runs no faster than bf16 on the default model's LM head (49152 x 576).
+- ``int8pack``: torch's ``_weight_int8pack_mm`` (int8 ``[out, in]`` weight, bf16 activations). Its
+  own per-channel scale is given as ones and the float32 scale is applied to its output, so the
+  fp16 weight scales are not rounded to bf16. Error: bf16 rounding of input and output (tested
+  bound 2^-7 of Σ|x||w|).
+
+Both: symmetric per-channel weights only (group 0), no outliers.
 """
 
 from __future__ import annotations
@@ -11,7 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
+from . import cpu_w8_gemv
 from .params import KernelError, LinearParams
+
+METHODS = ("native", "int8pack")
 
 
 @dataclass
@@ -21,21 +30,42 @@ class W8A16Prepared:
     scale: torch.Tensor  # float32 [out]
     bias: torch.Tensor | None
     dtype: torch.dtype = torch.bfloat16
+    method: str = "int8pack"
 
 
-def available() -> bool:
+def _int8pack_available() -> bool:
     return hasattr(torch.ops.aten, "_weight_int8pack_mm")
 
 
-def prepare(p: LinearParams, dtype: torch.dtype = torch.bfloat16) -> W8A16Prepared:
+def available() -> bool:
+    return _int8pack_available() or cpu_w8_gemv.available()
+
+
+def _check(p: LinearParams) -> None:
     if p.kind != "w8a16":
         raise KernelError(f"cpu w8a16 kernel got kind {p.kind}")
     if p.n_outliers or p.zero is not None or p.scale.shape[1] != 1:
         raise KernelError("cpu w8a16 kernel needs symmetric per-channel weights without outliers")
-    return W8A16Prepared(p.codes.contiguous(), torch.ones(p.out_features, dtype=dtype), p.scale[:, 0].contiguous(),
-                         p.bias, dtype)
 
 
-def run(x: torch.Tensor, w: W8A16Prepared) -> torch.Tensor:
+def prepare(p: LinearParams, method: str | None = None):
+    """The layout of ``method`` (None: ``native`` where it builds, else ``int8pack``)."""
+    method = method or ("native" if cpu_w8_gemv.available() else "int8pack")
+    if method not in METHODS:
+        raise KernelError(f"cpu w8a16 method must be one of {METHODS}, got {method!r}")
+    _check(p)
+    if method == "native":
+        st = cpu_w8_gemv.prepare(p.codes, p.scale[:, 0])
+        st.bias = p.bias
+        return st
+    if not _int8pack_available():
+        raise KernelError("this torch build has no _weight_int8pack_mm")
+    return W8A16Prepared(p.codes.contiguous(), torch.ones(p.out_features, dtype=torch.bfloat16),
+                         p.scale[:, 0].contiguous(), p.bias)
+
+
+def run(x: torch.Tensor, w) -> torch.Tensor:
+    if isinstance(w, cpu_w8_gemv.W8GemvPrepared):
+        return cpu_w8_gemv.run(x, w)
     y = torch.ops.aten._weight_int8pack_mm(x.to(w.dtype).contiguous(), w.weight, w.ones).float() * w.scale
     return y + w.bias if w.bias is not None else y

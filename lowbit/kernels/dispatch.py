@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import cpu_w4a4, cpu_w4a16, cpu_w8a8, cpu_w8a16, reference, triton_w4a4
+from . import cpu_w4_gemv, cpu_w4a4, cpu_w4a16, cpu_w8_gemv, cpu_w8a8, cpu_w8a16, reference, triton_w4a4
 from .params import KernelError, LinearParams
 
 CHOICES = ("auto", "reference", "cpu", "triton")
@@ -66,6 +66,14 @@ class PreparedLinear:
     in_features: int
     out_features: int
 
+    def __post_init__(self) -> None:
+        # the native A16 kernels take [..., in] in float32 or bf16 as they are (one call, no reshapes)
+        self._direct = None
+        if self.kind == "w4a16" and isinstance(self.state, cpu_w4_gemv.W4GemvPrepared):
+            self._direct = cpu_w4_gemv.run
+        elif self.kind == "w8a16" and isinstance(self.state, cpu_w8_gemv.W8GemvPrepared):
+            self._direct = cpu_w8_gemv.run
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.shape[1] != self.in_features:
             raise ValueError(f"{self.kind} linear expects [tokens, {self.in_features}] input, got {tuple(x.shape)}")
@@ -73,19 +81,32 @@ class PreparedLinear:
             raise TypeError(f"activations must be floating point, got {x.dtype}")
         return self.fn(x, self.state)
 
+    def batched(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., in]`` → ``[..., out]`` of x's dtype (what a module's forward returns)."""
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(f"{self.kind} linear expects [..., {self.in_features}] input, got {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise TypeError(f"activations must be floating point, got {x.dtype}")
+        if self._direct is not None:
+            y = self._direct(x, self.state)
+        else:
+            y = self.fn(x.reshape(-1, self.in_features), self.state).reshape(*x.shape[:-1], self.out_features)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
+
 
 def prepare(p: LinearParams, device: torch.device | str = "cpu", kernel: str | None = None,
             cpu_method: str | None = None) -> PreparedLinear:
     """Convert ``p`` once into the layout the chosen kernel wants. ``cpu_method`` picks how the
-    W8A8/W4A4 CPU paths get their exact integer products (``float``, the default, or ``int_mm``)
-    and which W4A16 kernel runs (``native``, the default where it builds, or ``int4pack``)."""
+    W8A8/W4A4 CPU paths get their exact integer products (``native``, the default where it builds,
+    ``float`` or ``int_mm``) and which W4A16 / W8A16 kernel runs (``native``, the default where it
+    builds, or torch's ``int4pack`` / ``int8pack``)."""
     k = choose(p.kind, device, kernel)
     if k == "reference":
         return PreparedLinear(p.kind, k, p.to(device), reference.linear, p.in_features, p.out_features)
     mod = _CPU[p.kind] if k == "cpu" else _TRITON[p.kind]
     if k == "triton":
         state = mod.prepare(p, device)
-    elif cpu_method is not None and p.kind in ("w8a8", "w4a4", "w4a16"):
+    elif cpu_method is not None and p.kind in ("w8a8", "w4a4", "w4a16", "w8a16"):
         state = mod.prepare(p, cpu_method)
         k = f"cpu:{cpu_method}"
     else:

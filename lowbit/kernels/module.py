@@ -35,24 +35,36 @@ class KernelLinear(nn.Module):
                    None if ql.input_perm is None else ql.input_perm.clone(), module_bytes(ql))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x2 = x if x.dim() == 2 else x.reshape(-1, shape[-1])
         if self.input_perm is not None:
-            x2 = x2.index_select(1, self.input_perm)
-        y = self.prepared(x2)
-        if y.dim() != len(shape):
-            y = y.reshape(*shape[:-1], self.out_features)
-        return y if y.dtype == x.dtype else y.to(x.dtype)
+            x = x.index_select(-1, self.input_perm)
+        return self.prepared.batched(x)
 
     def extra_repr(self) -> str:
         return f"{self.in_features}->{self.out_features}, {self.prepared.kind} via {self.prepared.kernel}"
 
 
-def accelerate(model: nn.Module, kernel: str | None = None) -> Counter:
-    """Replace every ``QuantLinear`` the kernels support by a ``KernelLinear`` (in place)."""
+def accelerate(model: nn.Module, kernel: str | None = None, fuse: bool = True) -> Counter:
+    """Replace every ``QuantLinear`` the kernels support by a ``KernelLinear`` (in place); with
+    ``fuse``, linears that read one input (q/k/v, gate/up) first become one kernel call
+    (:mod:`.fuse`, counted as ``fused_groups``)."""
+    from lowbit.models.adapters import get_path, set_path
     from lowbit.nn.quant_linear import QuantLinear
 
+    from . import fuse as fusion
+
     counts: Counter = Counter()
+    for paths in fusion.shared_input_groups(model) if fuse else []:
+        mods = [get_path(model, p) for p in paths]
+        if not all(isinstance(m, QuantLinear) for m in mods):
+            continue
+        try:
+            parts = fusion.fuse(mods, kernel)
+        except KernelError:
+            continue  # swapped one by one below
+        for path, part in zip(paths, parts):
+            set_path(model, path, part)
+        counts[f"{parts[0].prepared.kind}:{parts[0].prepared.kernel}"] += len(parts)
+        counts["fused_groups"] += 1
     for name, mod in list(model.named_modules()):
         if not isinstance(mod, QuantLinear):
             continue

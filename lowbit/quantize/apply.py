@@ -29,6 +29,7 @@ from lowbit.nn.quant_linear import QuantLinear
 
 from .calibrate import InputStats, capture_layer_inputs, capture_linear_inputs, collect_stats, run_layer
 from .float_target import float_target_weight
+from .head import quantize_head
 from .outliers import outlier_permutation
 from .scheme import Scheme
 from .smooth import fold_into_norm, smooth_scales
@@ -116,6 +117,8 @@ def quantize_model(model: nn.Module, scheme: Scheme, calib_ids: torch.Tensor | N
     elif load_layer is not None:  # nothing to calibrate (a KV-cache-only scheme): just load the layers
         for i, layer in enumerate(layers):
             load_layer(i, layer, "cpu")
+    if scheme.lm_head.enabled and not permute_only:
+        quantize_head(model, scheme.lm_head)
     if scheme.kv_cache.enabled and not permute_only:
         install_kv_quantization(model, scheme.kv_cache.bits, scheme.kv_cache.symmetric)
     model.lowbit_scheme = scheme

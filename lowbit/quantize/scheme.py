@@ -199,6 +199,7 @@ _PARTS = {
     "gptq": GPTQArgs,
     "smooth": SmoothArgs,
     "tensor_parallel": TPArgs,
+    "lm_head": WeightArgs,
 }
 
 
@@ -212,6 +213,8 @@ class Scheme:
     gptq: GPTQArgs = field(default_factory=GPTQArgs)
     smooth: SmoothArgs = field(default_factory=SmoothArgs)
     tensor_parallel: TPArgs = field(default_factory=TPArgs)
+    # the output projection: RTN per output row from its own weights (bits 16: left float)
+    lm_head: WeightArgs = field(default_factory=WeightArgs)
 
     def __post_init__(self):
         if self.outliers.count and not self.weights.enabled and not self.activations.enabled:

@@ -47,10 +47,12 @@ def slack(x, x_hat, scale_el, bits):
     * x/s and q·s are computed in fp32: each costs at most 2^-24 relative, so a quotient near a
       rounding tie may round the other way and q·s may be off by 2^-24·|q·s| ≤ 2^-24·|s|·2^b;
       2^-22 covers both with margin.
-    * the result is cast back to the input dtype: half an ulp, eps/2 · |x̂|.
+    * the result is cast back to the input dtype: half an ulp, eps/2 · |x̂|, and at least half the
+      subnormal spacing (smallest_normal · eps/2: fp16 keeps only 2^-24 steps below 6.1e-5).
     """
-    eps_out = torch.finfo(x.dtype).eps / 2
-    return 2.0**-22 * (x.abs().float() + scale_el * 2**bits) + eps_out * x_hat.abs().float()
+    fi = torch.finfo(x.dtype)
+    eps_out = fi.eps / 2
+    return 2.0**-22 * (x.abs().float() + scale_el * 2**bits) + eps_out * x_hat.abs().float() + fi.smallest_normal * eps_out
 
 
 @given(cases(), st.integers(2, 8), st.booleans(), st.booleans(), st.sampled_from([torch.float32, torch.float16]))

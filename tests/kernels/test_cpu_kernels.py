@@ -23,10 +23,11 @@ def _case(t, out, n_in, kind, **kw):
 
 
 @pytest.mark.parametrize("t,out,n_in", SHAPES)
-@pytest.mark.parametrize("kind,mod,group", [("w4a16", cpu_w4a16, 128), ("w4a16", cpu_w4a16, 64), ("w8a16", cpu_w8a16, 0)])
-def test_bf16_paths_within_bound(t, out, n_in, kind, mod, group):
+@pytest.mark.parametrize("kind,mod,group,method", [("w4a16", cpu_w4a16, 128, "int4pack"), ("w4a16", cpu_w4a16, 64, "int4pack"),
+                                                  ("w8a16", cpu_w8a16, 0, "int8pack")])
+def test_bf16_paths_within_bound(t, out, n_in, kind, mod, group, method):
     x, p = _case(t, out, n_in, kind, group=group)
-    y = mod.run(x, mod.prepare(p, "int4pack") if mod is cpu_w4a16 else mod.prepare(p))
+    y = mod.run(x, mod.prepare(p, method))
     ref = reference.linear(x, p)
     assert y.shape == (t, out) and y.dtype == torch.float32
     mag = x.abs() @ p.dequantize().abs().t() + p.bias.abs()

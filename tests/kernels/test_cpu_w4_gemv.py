@@ -10,6 +10,7 @@ import torch
 
 from lowbit.kernels import cpu_w4_gemv, cpu_w4a16, from_float
 from lowbit.kernels.params import KernelError, LinearParams
+from tests.threads import assert_same_for_thread_counts
 
 pytestmark = pytest.mark.skipif(not cpu_w4_gemv.available(), reason="no C compiler for the native kernel")
 
@@ -66,13 +67,8 @@ def test_portable_build_and_thread_counts_agree_bit_for_bit():
     yp = cpu_w4_gemv.run(x, st, lib)
     assert torch.all((yp.double() - ref).abs() <= _bound(x, p))
     assert torch.equal(y, yp)  # exact integer group sums, then the same float32 steps
-    threads = torch.get_num_threads()
-    try:  # rows are split between threads, never a row's sum: the same bits for any count
-        for n in (1, 2, 3):
-            torch.set_num_threads(n)
-            assert torch.equal(cpu_w4_gemv.run(x, st), y)
-    finally:
-        torch.set_num_threads(threads)
+    # rows are split between threads, never a row's sum: the same bits for any count
+    assert_same_for_thread_counts(lambda: cpu_w4_gemv.run(x, st), y)
 
 
 def test_batch_invariant_bit_for_bit():
@@ -135,3 +131,22 @@ def test_method_choice():
     assert cpu_w4a16.default_method(wide) == "int4pack"
     with pytest.raises(KernelError, match="overflow"):
         cpu_w4a16.prepare(wide, "native")
+
+
+@pytest.mark.parametrize("n,group", [(200, 64), (130, 0), (576, 128)])
+def test_activation_rounding_simd_equals_portable_on_bf16_and_ragged_groups(n, group):
+    """The AVX2 activation rounding (8 values at a time, a scalar tail) gives the portable loop's
+    bits, from bfloat16 and float32 rows, with a non-finite token in the batch."""
+    lib = cpu_w4_gemv.library(cpu_w4_gemv.PORTABLE_FLAGS)
+    if lib is None:
+        pytest.skip("portable build failed")
+    p = _asymmetric(24, n, group or n, seed=3)
+    if group == 0:
+        p.group = 0
+    st = cpu_w4_gemv.prepare(p)
+    x = torch.randn(6, n) * torch.logspace(-3, 2, n)
+    x[4, n // 2] = float("nan")
+    for xi in (x, x.bfloat16()):
+        y = cpu_w4_gemv.run(xi, st)
+        torch.testing.assert_close(y, cpu_w4_gemv.run(xi, st, lib), rtol=0, atol=0, equal_nan=True)
+        assert torch.isnan(y[4]).all() and not torch.isnan(y[:4]).any()

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from lowbit.kernels import cpu_w8_gemv, cpu_w8a8, from_float
+from tests.threads import assert_same_for_thread_counts
 
 pytestmark = pytest.mark.skipif(not cpu_w8_gemv.available(), reason="no C compiler for the native kernel")
 
@@ -30,13 +31,7 @@ def test_portable_build_batches_and_threads_agree():
         assert torch.equal(cpu_w8_gemv.run_codes(a.codes, a.scale, st.weight, lib), y)
     for i in range(7):  # alone (4 rows per load) or in a group of 4 tokens (one sign extension)
         assert torch.equal(cpu_w8_gemv.run_codes(a.codes[i:i + 1], a.scale[i:i + 1], st.weight)[0], y[i])
-    threads = torch.get_num_threads()
-    try:
-        for n in (1, 2, 3):
-            torch.set_num_threads(n)
-            assert torch.equal(cpu_w8_gemv.run_codes(a.codes, a.scale, st.weight), y)
-    finally:
-        torch.set_num_threads(threads)
+    assert_same_for_thread_counts(lambda: cpu_w8_gemv.run_codes(a.codes, a.scale, st.weight), y)
 
 
 def test_extreme_codes_do_not_overflow():

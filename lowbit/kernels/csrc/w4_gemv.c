@@ -29,6 +29,8 @@
 #else
 #define W4_SIMD 0
 #endif
+#define ACT_SIMD W4_SIMD
+#include "act_int16.h"
 
 int w4_has_simd(void) { return W4_SIMD; }
 
@@ -38,51 +40,6 @@ int w4_has_openmp(void) {
 #else
     return 0;
 #endif
-}
-
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch's .to(bfloat16) */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-/* Token rows x [t, k] -> xq [t, kp] int16 (zero padded), sx [t, ng] the group scales
- * (absmax / 32767, round half to even) and xsum [t, ng] the exact sums of each group's codes.
- * A group with NaN/Inf gets a NaN scale, so all of the token's outputs are NaN. */
-static void quant_act(const float *x, int64_t t, int64_t k, int64_t kp, int64_t group, int64_t ng,
-                      int16_t *xq, float *sx, int32_t *xsum) {
-    for (int64_t i = 0; i < t; i++) {
-        const float *xr = x + i * k;
-        int16_t *qr = xq + i * kp;
-        for (int64_t g = 0; g < ng; g++) {
-            int64_t a = g * group, b = a + group < k ? a + group : k;
-            float amax = 0.f;
-            int finite = 1;
-            for (int64_t j = a; j < b; j++) {
-                amax = fmaxf(amax, fabsf(xr[j]));
-                finite &= isfinite(xr[j]) != 0;
-            }
-            float s = !finite ? NAN : amax > 0.f ? amax / 32767.f : 1.f;
-            int32_t sum = 0;
-            for (int64_t j = a; j < b; j++) {
-                int32_t q = finite ? (int32_t)nearbyintf(xr[j] / s) : 0;
-                q = q > 32767 ? 32767 : (q < -32767 ? -32767 : q);
-                qr[j] = (int16_t)q;
-                sum += q;
-            }
-            sx[i * ng + g] = s;
-            xsum[i * ng + g] = sum;
-        }
-        for (int64_t j = k; j < kp; j++) qr[j] = 0;
-    }
 }
 
 #if W4_SIMD
@@ -235,28 +192,24 @@ void w4_gemv_codes(const uint8_t *w, const float *s4, const int32_t *z4, int64_t
     for_row_blocks(out, threads, w4_item, &a);
 }
 
-/* The whole W4A16 linear in one call (one crossing from Python per layer): x [t, k] float32
- * (x_bf16 = 0) or bfloat16 (1) -> y [t, out] float32 or bfloat16 (y_bf16). Returns 0, or -1 if
- * out of memory. */
+struct w4_weight {
+    const uint8_t *w;
+    const float *s4;
+    const int32_t *z4;
+    int64_t out, kp, group, ng;
+};
+
+static void w4_a16_gemv(const void *ctx, const int16_t *xq, const float *sx, const int32_t *xsum, int64_t t,
+                        float *y, int threads) {
+    const struct w4_weight *m = ctx;
+    w4_gemv_codes(m->w, m->s4, m->z4, m->out, m->kp, m->group, m->ng, xq, sx, xsum, t, y, threads);
+}
+
+/* The whole W4A16 linear in one call (activations rounded to int16 per weight group): x [t, k]
+ * float32 (x_bf16 = 0) or bfloat16 (1) -> y [t, out] float32 or bfloat16 (y_bf16). Returns 0, or
+ * -1 if out of memory. */
 int w4_linear(const uint8_t *w, const float *s4, const int32_t *z4, int64_t out, int64_t kp, int64_t group,
               int64_t ng, int64_t k, const void *x, int x_bf16, int64_t t, void *y, int y_bf16, int threads) {
-    if (t <= 0) return 0;
-    int16_t *xq = malloc((size_t)(t * kp) * sizeof(int16_t));
-    float *sx = malloc((size_t)(t * ng) * sizeof(float));
-    int32_t *xsum = malloc((size_t)(t * ng) * sizeof(int32_t));
-    float *xf = x_bf16 ? malloc((size_t)(t * k) * sizeof(float)) : NULL;
-    float *yf = y_bf16 ? malloc((size_t)(t * out) * sizeof(float)) : (float *)y;
-    int rc = -1;
-    if (!xq || !sx || !xsum || (x_bf16 && !xf) || !yf) goto done;
-    if (x_bf16)
-        for (int64_t i = 0; i < t * k; i++) xf[i] = bf16_to_f32(((const uint16_t *)x)[i]);
-    quant_act(x_bf16 ? xf : (const float *)x, t, k, kp, group, ng, xq, sx, xsum);
-    w4_gemv_codes(w, s4, z4, out, kp, group, ng, xq, sx, xsum, t, yf, threads);
-    if (y_bf16)
-        for (int64_t i = 0; i < t * out; i++) ((uint16_t *)y)[i] = f32_to_bf16(yf[i]);
-    rc = 0;
-done:
-    free(xq), free(sx), free(xsum), free(xf);
-    if (y_bf16) free(yf);
-    return rc;
+    struct w4_weight m = {w, s4, z4, out, kp, group, ng};
+    return a16_linear(w4_a16_gemv, &m, out, k, kp, group, ng, 1, x, x_bf16, t, y, y_bf16, threads);
 }

@@ -1,0 +1,27 @@
+"""Calling one native A16 linear (``w4_linear`` / ``w8_linear`` in ``csrc``): what both share.
+
+The C side takes float32 or bfloat16 rows as they are and writes the output in the same dtype,
+so a decode step pays one Python→C crossing per linear and no conversion passes.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+def call(c_fn: Callable[..., int], weight_args: tuple, n_in: int, out_pad: int, out: int,
+         bias: torch.Tensor | None, x: torch.Tensor, what: str) -> torch.Tensor:
+    """``x [..., n_in]`` (float32 or bfloat16; others are converted to float32) → ``[..., out]``
+    of x's dtype; ``weight_args`` are the kernel's leading (weight) arguments."""
+    if x.dtype != torch.bfloat16 and x.dtype != torch.float32:
+        x = x.float()
+    x = x.contiguous()
+    bf16 = int(x.dtype == torch.bfloat16)
+    y = torch.empty(*x.shape[:-1], out_pad, dtype=x.dtype)
+    if c_fn(*weight_args, x.data_ptr(), bf16, x.numel() // n_in, y.data_ptr(), bf16, torch.get_num_threads()):
+        raise MemoryError(f"{what}: out of memory for its activation buffers")
+    if out_pad != out:
+        y = y[..., :out]
+    return y + bias.to(y.dtype) if bias is not None else y

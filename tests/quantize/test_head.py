@@ -1,0 +1,60 @@
+"""The LM head quantized by a scheme's ``lm_head`` part (the w4a16 preset: INT8 per row)."""
+
+import pytest
+import torch
+
+from lowbit.eval.forward import model_vocab
+from lowbit.io import load_quantized, save_quantized
+from lowbit.kernels import KernelLinear, accelerate
+from lowbit.models.tiny import tiny_model
+from lowbit.nn import QuantLinear
+from lowbit.quantize import get_scheme, quantize_model
+from lowbit.quantize.head import quantize_head
+from lowbit.quantize.scheme import GPTQArgs, Scheme, WeightArgs
+
+IDS = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+
+
+def test_w4a16_preset_keeps_the_head_in_int8_and_unties_it(tmp_path):
+    scheme = get_scheme("w4a16")
+    assert scheme.lm_head == WeightArgs(bits=8, group_size=0, symmetric=True)
+    model = tiny_model("llama", tie_word_embeddings=True)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    emb = model.model.embed_tokens.weight.detach().clone()
+    quantize_model(model, scheme.with_(gptq=GPTQArgs(enabled=False)), IDS, progress=False)
+    head = model.lm_head
+    assert isinstance(head, QuantLinear) and head.layout.w_bits == 8 and head.layout.w_group == 0
+    assert torch.equal(model.model.embed_tokens.weight, emb)  # the lookup stays float
+    assert model.config.tie_word_embeddings is False and model_vocab(model) == 128
+    # INT8 per row: each weight within half a step of its row's scale
+    err = (head.dequantized_weight() - emb).abs()
+    step = emb.abs().amax(1, keepdim=True) / 127
+    assert torch.all(err <= step / 2 * (1 + 2 ** -10) + 1e-7)
+    save_quantized(model, tmp_path / "q")
+    again, _ = load_quantized(tmp_path / "q")
+    assert isinstance(again.lm_head, QuantLinear)
+    with torch.no_grad():
+        assert torch.equal(again(IDS).logits, model(IDS).logits)
+    counts = accelerate(again)
+    assert isinstance(again.lm_head, KernelLinear) and counts["w8a16:cpu:native"] == 1
+
+
+def test_head_left_float_by_default_and_old_schemes_load():
+    assert not Scheme().lm_head.enabled
+    d = get_scheme("w4a4").to_dict()
+    d.pop("lm_head")  # a checkpoint written before the part existed
+    assert Scheme.from_dict(d).lm_head == WeightArgs()
+    model = tiny_model("llama")
+    quantize_model(model, get_scheme("w8a8"), IDS, progress=False)
+    assert isinstance(model.lm_head, torch.nn.Linear)
+
+
+def test_quantize_head_refuses_what_it_cannot_quantize():
+    model = tiny_model("llama")
+    quantize_head(model, WeightArgs(bits=8, group_size=0))
+    with pytest.raises(ValueError, match="already quantized"):
+        quantize_head(model, WeightArgs(bits=8, group_size=0))
+    other = tiny_model("llama")
+    other.lm_head = torch.nn.Identity()
+    with pytest.raises(ValueError, match="nn.Linear"):
+        quantize_head(other, WeightArgs(bits=8, group_size=0))
