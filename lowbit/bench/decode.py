@@ -1,7 +1,8 @@
 """``lowbit bench decode``: generation tokens/s of the real model per format (FP32, BF16, W8A8,
 W4A16, W4A4, W4A4 + INT4 KV cache) and batch size, with peak memory and the bytes of weights and
 KV cache, all formats measured in one run: every format is built first, then the formats take
-turns within each repeat (a drift of a shared machine hits all of them), median of repeats.
+turns within each repeat (a drift of a shared machine hits all of them), median of repeats. Peak
+memory (process RSS, or CUDA max allocated) therefore includes every format's resident model.
 
 Quantized linears run through :mod:`lowbit.kernels` (``accelerate`` swaps them in). Weights are
 quantized with a tiny calibration set and RTN by default (``--gptq`` for the presets' GPTQ):

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from . import a16_call, cbuild
+from .cpu_w4_gemv import copy_prepared
 from .params import KernelError
 
 CHUNK = 32  # input channels per 32-byte chunk of codes
@@ -56,6 +57,9 @@ class W8GemvPrepared:
     def __post_init__(self) -> None:
         # the weight half of w8_linear's arguments, built once
         self.args = (self.packed.data_ptr(), self.scale.data_ptr(), self.scale.shape[0], self.k_pad, self.n_in)
+
+    def __deepcopy__(self, memo):  # a copy gets its own tensors, so its own pointers
+        return copy_prepared(self, memo)
 
 
 def prepare(codes: torch.Tensor, scale: torch.Tensor) -> W8GemvPrepared:

@@ -112,6 +112,7 @@ static void quant_act(const void *x, int bf16, int64_t t, int64_t k, int64_t kp,
             int finite = 1;
             float amax = a < b ? act_absmax(x, bf16, i * k + a, i * k + b, &finite) : 0.f;
             float s = !finite ? NAN : amax > 0.f ? amax / 32767.f : 1.f;
+            if (s == 0.f) s = 0x1p-149f; /* amax < 2^-135: the smallest step still covers it */
             int32_t sum = 0;
             if (finite)
                 sum = a < b ? act_codes(x, bf16, i * k + a, i * k + b, s, qr + a) : 0;

@@ -89,10 +89,11 @@ def test_truncated_checkpoint_is_a_clear_error(quantized, tmp_path):
         load_tp_shard(tmp_path, 0, 2, lambda t: t)
 
 
-def test_float_model_checkpoint_for_one_rank_runs_at_tp1(tmp_path):
+@pytest.mark.parametrize("scheme", ["w4a4", "w4a16"])  # w4a16: a quantized (untied) LM head
+def test_float_model_checkpoint_for_one_rank_runs_at_tp1(tmp_path, scheme):
     """A checkpoint quantized without --tp loads as a TP=1 'shard' and equals load_quantized."""
-    model = tiny_model("llama", seed=2)
-    quantize_model(model, get_scheme("w4a4"), CALIB, progress=False)
+    model = tiny_model("llama", seed=2, tie_word_embeddings=True)
+    quantize_model(model, get_scheme(scheme), CALIB, progress=False)
     save_quantized(model, tmp_path / "q")
     shard = load_tp_shard(tmp_path / "q", 0, 1, lambda t: t)
     with torch.inference_mode():
