@@ -82,18 +82,6 @@ def test_batch_invariant_bit_for_bit():
     assert torch.equal(cpu_w4_gemv.run(x[3:9], st), y[3:9])
 
 
-def test_deep_copy_points_at_its_own_tensors():
-    import copy
-
-    st = cpu_w4_gemv.prepare(from_float(torch.randn(8, 128), "w4a16"))
-    twin = copy.deepcopy(st)
-    assert twin.args[0] == twin.packed.data_ptr() != st.args[0]
-    x = torch.randn(2, 128)
-    expect = cpu_w4_gemv.run(x, st)
-    del st
-    assert torch.equal(cpu_w4_gemv.run(x, twin), expect)
-
-
 def test_pack_layout_is_what_the_kernel_reads():
     """A weight with one nonzero code per row lands on exactly the right input channel."""
     out, n = 8, 128

@@ -77,18 +77,6 @@ def test_bfloat16_in_and_out_and_nonfinite_tokens():
         assert torch.isnan(yb[1]).all() and torch.equal(yb[0], y[0]) and torch.equal(yb[2], y[2])
 
 
-def test_deep_copy_points_at_its_own_tensors():
-    import copy
-
-    st = cpu_w8a16.prepare(from_float(torch.randn(8, 64), "w8a16"))
-    twin = copy.deepcopy(st)
-    assert twin.args[0] == twin.packed.data_ptr() != st.args[0]
-    x = torch.randn(2, 64)
-    expect = cpu_w8_gemv.run(x, st)
-    del st
-    assert torch.equal(cpu_w8_gemv.run(x, twin), expect)
-
-
 def test_method_choice():
     p = from_float(torch.randn(16, 256), "w8a16")
     assert cpu_w8a16.prepare(p).method == "native"

@@ -59,3 +59,24 @@ def test_asymmetric_w4a16_layer():
     x = torch.randn(3, 256)
     mag = x.abs() @ ql.dequantized_weight().abs().t()
     assert torch.all((kl(x) - ql(x)).abs() <= 2.0 ** -7 * mag + 1e-6)
+
+
+@pytest.mark.parametrize("kind,mod", [("w4a16", "cpu_w4_gemv"), ("w8a16", "cpu_w8_gemv")])
+def test_native_weights_deep_copy_their_own_pointers(kind, mod):
+    """The native kernels cache raw pointers: a deep copy must point at its own tensors, so it
+    still computes after the original is gone."""
+    import copy
+    import importlib
+
+    from lowbit.kernels import from_float, prepare
+
+    m = importlib.import_module(f"lowbit.kernels.{mod}")
+    if not m.available():
+        pytest.skip("no C compiler for the native kernel")
+    st = prepare(from_float(torch.randn(8, 128), kind)).state
+    twin = copy.deepcopy(st)
+    assert twin.args[0] == twin.packed.data_ptr() != st.args[0]
+    x = torch.randn(2, 128)
+    expect = m.run(x, st)
+    del st
+    assert torch.equal(m.run(x, twin), expect)
