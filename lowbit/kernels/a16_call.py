@@ -1,4 +1,5 @@
-"""Calling one native A16 linear (``w4_linear`` / ``w8_linear`` in ``csrc``): what both share.
+"""Calling one native A16 linear (``w4_linear`` / ``w8_linear`` in ``csrc``): what both share,
+including the deep copy of their prepared weights (which cache raw pointers).
 
 The C side takes float32 or bfloat16 rows as they are and writes the output in the same dtype,
 so a decode step pays one Python→C crossing per linear and no conversion passes.
@@ -6,6 +7,8 @@ so a decode step pays one Python→C crossing per linear and no conversion passe
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from typing import Callable
 
 import torch
@@ -25,3 +28,9 @@ def call(c_fn: Callable[..., int], weight_args: tuple, n_in: int, out_pad: int, 
     if out_pad != out:
         y = y[..., :out]
     return y + bias.to(y.dtype) if bias is not None else y
+
+
+def copy_prepared(obj, memo: dict):
+    """A deep copy of a prepared-weights dataclass, rebuilt through ``__init__`` so that its cached
+    raw pointers (``args``) point at the copied tensors, never at the original's."""
+    return type(obj)(**{f.name: copy.deepcopy(getattr(obj, f.name), memo) for f in dataclasses.fields(obj)})

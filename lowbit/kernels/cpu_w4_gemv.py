@@ -27,15 +27,6 @@ from . import a16_call, cbuild
 from .params import KernelError, LinearParams
 
 CHUNK = 64  # input channels per 32-byte chunk of codes
-
-
-def copy_prepared(obj, memo):
-    """A deep copy of a prepared-weights dataclass, rebuilt through ``__init__`` so that its cached
-    raw pointers (``args``) point at the copied tensors, never at the original's."""
-    import copy
-    import dataclasses
-
-    return type(obj)(**{f.name: copy.deepcopy(getattr(obj, f.name), memo) for f in dataclasses.fields(obj)})
 PORTABLE_FLAGS = ("-O3", "-DW4_NO_SIMD")
 
 
@@ -81,7 +72,7 @@ class W4GemvPrepared:
                      self.k_pad, self.group, self.scale.shape[1], self.n_in)
 
     def __deepcopy__(self, memo):  # a copy gets its own tensors, so its own pointers
-        return copy_prepared(self, memo)
+        return a16_call.copy_prepared(self, memo)
 
 
 def pack(codes: torch.Tensor) -> torch.Tensor:

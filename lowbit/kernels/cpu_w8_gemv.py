@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 
 from . import a16_call, cbuild
-from .cpu_w4_gemv import copy_prepared
 from .params import KernelError
 
 CHUNK = 32  # input channels per 32-byte chunk of codes
@@ -59,7 +58,7 @@ class W8GemvPrepared:
         self.args = (self.packed.data_ptr(), self.scale.data_ptr(), self.scale.shape[0], self.k_pad, self.n_in)
 
     def __deepcopy__(self, memo):  # a copy gets its own tensors, so its own pointers
-        return copy_prepared(self, memo)
+        return a16_call.copy_prepared(self, memo)
 
 
 def prepare(codes: torch.Tensor, scale: torch.Tensor) -> W8GemvPrepared:

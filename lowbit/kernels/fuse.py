@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .dispatch import PreparedLinear, prepare
-from .params import KernelError, LinearParams
+from .params import KernelError, LinearParams, from_quant_linear
 
 
 def concat_params(ps: list[LinearParams]) -> LinearParams:
@@ -96,8 +96,6 @@ class FusedPart(nn.Module):
 def fuse(linears: list[nn.Module], kernel: str | None = None) -> list[FusedPart]:
     """``FusedPart`` replacements for QuantLinears that read one input (KernelError if they cannot
     share a kernel: different recipes or input permutations)."""
-    from .params import from_quant_linear
-
     perms = [ql.input_perm for ql in linears]
     if any((p is None) != (perms[0] is None) or (p is not None and not torch.equal(p, perms[0])) for p in perms):
         raise KernelError("cannot fuse linears with different input permutations")

@@ -48,9 +48,9 @@ def materialize_rest(model: nn.Module, config, reader: CheckpointReader, dtype: 
     for name, t in list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers()):
         if t.is_meta and wanted(name) and name in reader:
             _set_tensor(model, name, _read(reader, name, dtype))
-    head_weight = getattr(model.get_output_embeddings(), "weight", None)  # a quantized head has none
-    if head_weight is not None and head_weight.is_meta:  # tied head: share the embedding
-        model.get_output_embeddings().weight = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    if getattr(head, "weight", None) is not None and head.weight.is_meta:  # tied head (a quantized one has no weight)
+        head.weight = model.get_input_embeddings().weight
     # non-persistent buffers: rotary frequencies (rebuilt on the CPU) and Gemma's embedding scale
     for mod_name, mod in list(model.named_modules()):
         if hasattr(mod, "inv_freq") and mod.inv_freq.is_meta and wanted(mod_name):
