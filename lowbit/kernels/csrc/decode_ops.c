@@ -1,0 +1,238 @@
+/* The small per-token operations of a decode step that are not linears: RMSNorm, the rotary
+ * embedding and the attention of one new query over the KV cache. In eager PyTorch each is a chain of 8-15 tiny
+ * operator calls (and bfloat16 attention is emulated on CPUs without bf16 arithmetic), so at batch
+ * 1 they cost more than the 4-bit linears. Here each is one call, computed in float32.
+ *
+ * Every format of a decode benchmark runs through these same ops, so they shift every format's
+ * step time alike and never favour one.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include "bf16.h"
+
+static inline void store_at(void *y, int bf16, int64_t j, float v) {
+    if (bf16)
+        ((uint16_t *)y)[j] = f32_to_bf16(v);
+    else
+        ((float *)y)[j] = v;
+}
+
+/* Rounds v to bfloat16 and back when bf16 (the cast HF makes before multiplying by the weight). */
+static inline float round_to(int bf16, float v) { return bf16 ? bf16_to_f32(f32_to_bf16(v)) : v; }
+
+/* y[r] = w * to_x_dtype(x[r] / sqrt(mean(x[r]^2) + eps)), as Llama's RMSNorm: the statistic in
+ * float32 (summed in double here, so it is at least as exact), normalised, rounded to x's dtype,
+ * then multiplied by the weight in float32 and rounded to y's dtype. */
+void rms_norm(const void *x, int x_bf16, int64_t rows, int64_t n, const void *w, int w_bf16, float eps, void *y,
+              int y_bf16) {
+    for (int64_t r = 0; r < rows; r++) {
+        double ss = 0.0;
+        for (int64_t j = 0; j < n; j++) {
+            float v = act_at(x, x_bf16, r * n + j);
+            ss += (double)(v * v);
+        }
+        float inv = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+        for (int64_t j = 0; j < n; j++) {
+            float h = round_to(x_bf16, act_at(x, x_bf16, r * n + j) * inv);
+            store_at(y, y_bf16, r * n + j, act_at(w, w_bf16, j) * h);
+        }
+    }
+}
+
+/* Rotary position embedding as Llama's apply_rotary_pos_emb: x * cos + rotate_half(x) * sin, with
+ * rotate_half(x) = [-x[D/2:], x[:D/2]], every product and the sum rounded to x's dtype as torch
+ * rounds them (a bf16 product is exact in float32, so one rounding each), so the same bits.
+ * x: [B, H, S, D] with strides (xb, xh, xs) and unit stride in D; cos, sin: [B or 1, S, D]
+ * contiguous (cb = 0 when shared by the batch); out: [B, H, S, D] contiguous. D even. */
+/* torch rounds x*cos and rot*sin before adding them: no contraction into an FMA */
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+void rope(const void *x, int64_t xb, int64_t xh, int64_t xs, const void *cos, const void *sin, int64_t cb, int bf16,
+          int64_t B, int64_t H, int64_t S, int64_t D, void *out) {
+    const int64_t half = D / 2;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t s = 0; s < S; s++) {
+                const int64_t xo = b * xb + h * xh + s * xs, co = b * cb + s * D, oo = ((b * H + h) * S + s) * D;
+                if (bf16) {
+                    const uint16_t *xr = (const uint16_t *)x + xo, *c = (const uint16_t *)cos + co,
+                                   *sn = (const uint16_t *)sin + co;
+                    uint16_t *o = (uint16_t *)out + oo;
+                    for (int64_t d = 0; d < D; d++) {
+                        const float rv = d < half ? -bf16_to_f32(xr[d + half]) : bf16_to_f32(xr[d - half]);
+                        const float a = bf16_to_f32(f32_to_bf16(bf16_to_f32(xr[d]) * bf16_to_f32(c[d])));
+                        const float r = bf16_to_f32(f32_to_bf16(rv * bf16_to_f32(sn[d])));
+                        o[d] = f32_to_bf16(a + r);
+                    }
+                } else {
+                    const float *xr = (const float *)x + xo, *c = (const float *)cos + co, *sn = (const float *)sin + co;
+                    float *o = (float *)out + oo;
+                    for (int64_t d = 0; d < half; d++) o[d] = xr[d] * c[d] + (-xr[d + half]) * sn[d];
+                    for (int64_t d = half; d < D; d++) o[d] = xr[d] * c[d] + xr[d - half] * sn[d];
+                }
+            }
+}
+#pragma GCC pop_options
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define DECODE_SIMD 1
+
+static inline __m256 load8(const void *p, int bf16, int64_t j) {
+    if (bf16)
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + j))), 16));
+    return _mm256_loadu_ps((const float *)p + j);
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+/* e^x for x <= 0 (a softmax's shifted scores): 2^n * e^r with |r| <= ln2/2, e^r by its Taylor
+ * polynomial to degree 7 (truncation < 2^-30 relative), so within a few float32 ulps of expf.
+ * Below -87 the result is clamped to ~e^-87 (~1e-38), which no softmax sum can notice. */
+static inline __m256 exp8_nonpos(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x); /* ln2 = 0.693359375 - 2.12194440e-4 */
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#else
+#define DECODE_SIMD 0
+#endif
+
+/* One (batch, kv head): its `groups` query heads (rows qh apart in q) against L cached key and
+ * value rows (kl / vl apart), head dim D <= 256, unit stride within a row. Softmax in float32 with
+ * the maximum subtracted first; scores: scratch of L floats. A NaN or infinite maximum score makes
+ * the head's output NaN (torch's softmax gives NaN there too). */
+static void attend_group(const void *q, int64_t qh, const void *k, const void *v, int64_t kl, int64_t vl, int bf16,
+                         int64_t groups, int64_t L, int64_t D, float scale, float *scores, void *out) {
+    const int64_t es = bf16 ? 2 : 4;
+    for (int64_t g = 0; g < groups; g++) {
+        const char *qg = (const char *)q + g * qh * es;
+        float qf[256], acc[256];
+        for (int64_t d = 0; d < D; d++) qf[d] = act_at(qg, bf16, d) * scale;
+        int64_t l = 0;
+#if DECODE_SIMD
+        if (D % 8 == 0) /* 4 keys at a time: 4 independent FMA chains instead of one */
+            for (; l + 4 <= L; l += 4) {
+                const char *k0 = (const char *)k + l * kl * es;
+                const int64_t step = kl * es;
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                for (int64_t d = 0; d < D; d += 8) {
+                    const __m256 qv = _mm256_loadu_ps(qf + d);
+                    a0 = _mm256_fmadd_ps(qv, load8(k0, bf16, d), a0);
+                    a1 = _mm256_fmadd_ps(qv, load8(k0 + step, bf16, d), a1);
+                    a2 = _mm256_fmadd_ps(qv, load8(k0 + 2 * step, bf16, d), a2);
+                    a3 = _mm256_fmadd_ps(qv, load8(k0 + 3 * step, bf16, d), a3);
+                }
+                scores[l] = hsum8(a0), scores[l + 1] = hsum8(a1), scores[l + 2] = hsum8(a2), scores[l + 3] = hsum8(a3);
+            }
+#endif
+        for (; l < L; l++) {
+            const char *kr = (const char *)k + l * kl * es;
+            float s = 0.f;
+            for (int64_t d = 0; d < D; d++) s += qf[d] * act_at(kr, bf16, d);
+            scores[l] = s;
+        }
+        float m = -INFINITY;
+        for (l = 0; l < L; l++)
+            if (scores[l] > m || scores[l] != scores[l]) m = scores[l];
+        if (!isfinite(m)) {
+            for (int64_t d = 0; d < D; d++) store_at(out, bf16, g * D + d, NAN);
+            continue;
+        }
+        l = 0;
+#if DECODE_SIMD
+        for (; l + 8 <= L; l += 8)
+            _mm256_storeu_ps(scores + l, exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(scores + l), _mm256_set1_ps(m))));
+#endif
+        for (; l < L; l++) scores[l] = expf(scores[l] - m);
+        float sum = 0.f;
+        for (l = 0; l < L; l++) sum += scores[l];
+        int64_t d0 = 0;
+#if DECODE_SIMD
+        for (; d0 + 32 <= D; d0 += 32) { /* 32 output dims held in registers across all L rows */
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (l = 0; l < L; l++) {
+                const __m256 pv = _mm256_set1_ps(scores[l]);
+                const char *vr = (const char *)v + l * vl * es;
+                a0 = _mm256_fmadd_ps(pv, load8(vr, bf16, d0), a0);
+                a1 = _mm256_fmadd_ps(pv, load8(vr, bf16, d0 + 8), a1);
+                a2 = _mm256_fmadd_ps(pv, load8(vr, bf16, d0 + 16), a2);
+                a3 = _mm256_fmadd_ps(pv, load8(vr, bf16, d0 + 24), a3);
+            }
+            _mm256_storeu_ps(acc + d0, a0), _mm256_storeu_ps(acc + d0 + 8, a1);
+            _mm256_storeu_ps(acc + d0 + 16, a2), _mm256_storeu_ps(acc + d0 + 24, a3);
+        }
+#endif
+        for (int64_t d = d0; d < D; d++) acc[d] = 0.f;
+        if (d0 < D)
+            for (l = 0; l < L; l++) {
+                const char *vr = (const char *)v + l * vl * es;
+                for (int64_t d = d0; d < D; d++) acc[d] += scores[l] * act_at(vr, bf16, d);
+            }
+        const float inv = 1.0f / sum;
+        for (int64_t d = 0; d < D; d++) store_at(out, bf16, g * D + d, acc[d] * inv);
+    }
+}
+
+/* Attention of one new query per (batch, query head) over L cached positions with no mask (every
+ * cached position is visible to the newest token), grouped-query heads: query head h reads kv head
+ * h / (Hq / Hkv). q: [B, Hq, D] (strides qb, qh); k, v: [B, Hkv, L, D] (strides kb, kh, kl / vb,
+ * vh, vl); out: [B, Hq, D] contiguous, all in one dtype (bf16 or float32). Returns 1 when out of
+ * memory for the scores, 2 on a head dim over 256 (nothing written either way). */
+int attn_decode(const void *q, int64_t qb, int64_t qh, const void *k, int64_t kb, int64_t kh, int64_t kl,
+                const void *v, int64_t vb, int64_t vh, int64_t vl, int bf16, int64_t B, int64_t Hq, int64_t Hkv,
+                int64_t L, int64_t D, float scale, void *out, int threads) {
+    if (D > 256 || Hkv <= 0 || Hq % Hkv) return 2;
+    const int64_t groups = Hq / Hkv, items = B * Hkv, es = bf16 ? 2 : 4;
+    int failed = 0;
+    (void)threads;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) if (threads > 1 && items > 1 && items * L * D >= 65536)
+#endif
+    {
+        float *scores = malloc((size_t)L * sizeof(float));
+        if (!scores) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (int64_t it = 0; it < items; it++) {
+            if (!scores) continue;
+            const int64_t b = it / Hkv, h = it % Hkv;
+            attend_group((const char *)q + (b * qb + h * groups * qh) * es, qh,
+                         (const char *)k + (b * kb + h * kh) * es, (const char *)v + (b * vb + h * vh) * es, kl, vl,
+                         bf16, groups, L, D, scale, scores, (char *)out + (b * Hq + h * groups) * D * es);
+        }
+        free(scores);
+    }
+    return failed;
+}
