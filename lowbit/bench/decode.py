@@ -4,9 +4,12 @@ KV cache, all formats measured in one run: every format is built first, then the
 turns within each repeat (a drift of a shared machine hits all of them), median of repeats. Peak
 memory (process RSS, or CUDA max allocated) therefore includes every format's resident model.
 
-Quantized linears run through :mod:`lowbit.kernels` (``accelerate`` swaps them in). Weights are
-quantized with a tiny calibration set and RTN by default (``--gptq`` for the presets' GPTQ):
-speed does not depend on the weight values, only on the layout, which is the same.
+Quantized linears run through :mod:`lowbit.kernels` (``accelerate`` swaps them in). On CPU every
+format, the float baselines included, runs its norms, rotary embedding and one-token attention
+through lowbit's native decode ops (:mod:`lowbit.kernels.native_ops`; ``--stock-ops`` keeps
+PyTorch's), so the formats differ only in their linears. Weights are quantized with a tiny
+calibration set and RTN by default (``--gptq`` for the presets' GPTQ): speed does not depend on
+the weight values, only on the layout, which is the same.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ def register(kinds) -> None:
     p.add_argument("--kernel", default=None, choices=["auto", "reference", "cpu", "triton"])
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave as is)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--stock-ops", action="store_true",
+                   help="keep PyTorch's norms, rotary embedding and attention instead of lowbit's native "
+                        "decode ops (which every format, the float ones included, gets by default)")
     p.add_argument("--out", type=Path, default=Path("bench_out/decode"))
     p.set_defaults(func=run)
 
@@ -80,15 +86,18 @@ def _make_model(base, fmt: str, tokenizer, args, device):
 
     from lowbit.data import calibration_ids
     from lowbit.kernels import accelerate
+    from lowbit.kernels.native_ops import use_native_ops
     from lowbit.nn.quant_linear import module_bytes
     from lowbit.quantize import get_scheme, quantize_model
     from lowbit.quantize.scheme import GPTQArgs
 
     model = copy.deepcopy(base)
     layers = model.model.layers
+    native = not getattr(args, "stock_ops", False) and device.type == "cpu"
     if fmt in ("fp32", "bf16"):
+        ops = dict(use_native_ops(model)) if native else {}
         model.to(device=device, dtype=torch.float32 if fmt == "fp32" else torch.bfloat16)
-        return model, module_bytes(layers), {}, 0.0
+        return model, module_bytes(layers), ops, 0.0
     scheme = get_scheme(fmt)
     if not args.gptq:
         scheme = scheme.with_(gptq=GPTQArgs(enabled=False))
@@ -98,6 +107,7 @@ def _make_model(base, fmt: str, tokenizer, args, device):
     qs = time.perf_counter() - t0
     stored = module_bytes(layers)
     counts = dict(accelerate(model, args.kernel))
+    counts |= dict(use_native_ops(model)) if native else {}
     model.to(device)
     if scheme.activations.bits >= 16 and not counts.get("kept_reference"):
         # weight-only ("A16") formats: everything that is not a quantized linear (embeddings, the
@@ -203,7 +213,8 @@ def run(args) -> int:
         r["kv_vs_fp16"] = r["kv_bytes"] / (fp_kv[r["batch"]] / 2) if r["batch"] in fp_kv else None
         r["decode_vs_bf16"] = r["decode_tok_s"] / base_tps[r["batch"]] if r["batch"] in base_tps else None
     table = Table(title=f"decode, {args.model}, prompt {args.prompt} + {args.new} new tokens, {device}, "
-                        f"{torch.get_num_threads()} threads, median of {args.repeats}")
+                        f"{torch.get_num_threads()} threads, median of {args.repeats}, "
+                        f"{'stock' if args.stock_ops or cuda else 'native'} norms/rotary/attention")
     for c in ("format", "batch", "gen tok/s", "decode tok/s", "vs bf16", "prefill s", "peak mem",
               "layer weights", "vs fp16", "KV cache", "KV vs fp16"):
         table.add_column(c, justify="right")

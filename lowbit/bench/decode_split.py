@@ -24,6 +24,7 @@ def register(kinds) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--calib", default="4x128")
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--stock-ops", action="store_true", help="PyTorch's norms and attention (as bench decode's)")
     p.add_argument("--out", type=Path, default=Path("bench_out/decode_split"))
     p.set_defaults(func=run, gptq=False, kernel=None, device="cpu")
 
@@ -115,7 +116,8 @@ def run(args) -> int:
         rows.append({"format": fmt, **med, "bound_ms": med["step_ms"] - med["linears_ms"]})
     ref = rows[0]["step_ms"]
     table = Table(title=f"decode step split, batch {args.batch}, prompt {args.prompt}, {args.new} steps, "
-                        f"median of {args.repeats}; vs = {formats[0]}'s step / this step")
+                        f"median of {args.repeats}, {'stock' if args.stock_ops else 'native'} norms/rotary/attention; "
+                        f"vs = {formats[0]}'s step / this step")
     for c in ("format", "step ms", "decoder linears ms", "LM head ms", "rest ms", f"vs {formats[0]}",
               "at most, with free linears"):
         table.add_column(c, justify="right")

@@ -54,6 +54,9 @@ def test_decode_small_real_run(tmp_path):
     rows = json.loads((tmp_path / "decode.json").read_text())["rows"]
     fp, q = rows
     assert q["kernels"].get("w4a16:cpu:native", 0) > 0  # the kernels really ran
+    # every format, the float baseline too, gets the native norms, rotary and decode attention
+    for r in rows:
+        assert {k: r["kernels"][k] for k in ("norms", "rope", "attention")} == {"norms": 61, "rope": 30, "attention": 1}
     assert q["layer_weight_vs_fp16"] < 0.3 and fp["layer_weight_vs_fp16"] == pytest.approx(2.0, rel=0.01)
     # fp32 keeps an fp32 cache; the weight-only format runs everything outside its quantized
     # linears in bf16, as the BF16 baseline does, so its cache is half the size
@@ -66,9 +69,11 @@ def test_decode_small_real_run(tmp_path):
 def test_decode_split_small_real_run(tmp_path):
     """The step split adds up and covers every linear (decoder linears and LM head both timed)."""
     rc = main(["bench", "decode-split", "--formats", "fp32,w4a16", "--prompt", "8", "--new", "3", "--repeats", "1",
-               "--calib", "1x32", "--out", str(tmp_path)])
+               "--calib", "1x32", "--stock-ops", "--out", str(tmp_path)])
     assert rc == 0
-    rows = json.loads((tmp_path / "decode_split.json").read_text())["rows"]
+    out = json.loads((tmp_path / "decode_split.json").read_text())
+    rows = out["rows"]
+    assert out["meta"]["stock_ops"] is True
     assert [r["format"] for r in rows] == ["fp32", "w4a16"]
     for r in rows:
         assert r["linears_ms"] > 0 and r["lm_head_ms"] > 0
