@@ -1,5 +1,6 @@
-"""``use_native_ops(model)``: a Hugging Face model's RMSNorms and its one-token (decode) attention
-run as single native calls (:mod:`.cpu_decode_ops`) instead of chains of small PyTorch operators.
+"""``use_native_ops(model)``: a Hugging Face model's RMSNorms, rotary embedding and one-token
+(decode) attention run as single native calls (:mod:`.cpu_decode_ops`) instead of chains of small
+PyTorch operators.
 
 Why: at batch 1 a decode step of the default model spends more time in these small operators
 (and in CPU bf16 attention, which is emulated without bf16 arithmetic) than in its 4-bit linears.
@@ -7,8 +8,8 @@ They are the same for every weight format, so ``lowbit bench decode`` gives them
 the float baselines included, and the ratios between formats measure the linears alone.
 
 Only what is known to match is swapped: norms of the classes in :data:`NORM_CLASSES` (Llama's
-formula; Gemma's ``1 + w`` norm is not among them), and attention only where the model used
-``sdpa``. The attention falls back to ``sdpa`` for everything but one query token per sequence
+formula; Gemma's ``1 + w`` norm is not among them), Llama's own attention class for the rotary
+embedding, and the attention function only where the model used ``sdpa``. The attention falls back to ``sdpa`` for everything but one query token per sequence
 with no mask and no extras (softcap, position bias, sinks), so prefill is unchanged.
 """
 
@@ -18,6 +19,8 @@ from collections import Counter
 
 import torch
 from torch import nn
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import LlamaAttention, apply_rotary_pos_emb, eager_attention_forward
 
 from .cpu_decode_ops import attention_decode, rms_norm, rms_norm_reference, rope
 
@@ -58,36 +61,30 @@ def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
                                   **kwargs)
 
 
-def _native_llama_attention():
-    """A subclass of Llama's attention (same modules, same state dict) whose forward applies the
-    rotary embedding with :func:`rope`, the same bits as Hugging Face's ``apply_rotary_pos_emb``
-    in 2 calls instead of about 14; the rest of the forward is Hugging Face's, step for step."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    from transformers.models.llama.modeling_llama import LlamaAttention, apply_rotary_pos_emb, eager_attention_forward
+class NativeLlamaAttention(LlamaAttention):
+    """Llama's attention (same modules, same state dict) whose forward applies the rotary embedding
+    with :func:`rope`: the same bits as Hugging Face's ``apply_rotary_pos_emb`` in 2 calls instead
+    of about 14. The rest of the forward is Hugging Face's, step for step (tested bit for bit)."""
 
-    class NativeLlamaAttention(LlamaAttention):
-        def forward(self, hidden_states, position_embeddings=None, attention_mask=None, cache=None, **kwargs):
-            if cache is None:
-                cache = kwargs.pop("past_key_values", None)
-            input_shape = hidden_states.shape[:-1]
-            hidden_shape = (*input_shape, -1, self.head_dim)
-            q = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-            k = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-            v = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-            cos, sin = position_embeddings
-            q_rot, k_rot = rope(q, cos, sin), rope(k, cos, sin)
-            if q_rot is None or k_rot is None:
-                q_rot, k_rot = apply_rotary_pos_emb(q, k, cos, sin)
-            if cache is not None:
-                k_rot, v = cache.update(k_rot, v, self.layer_idx, kwargs=kwargs)
-            interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
-                                                           eager_attention_forward)
-            out, weights = interface(self, q_rot, k_rot, v, attention_mask,
-                                     dropout=0.0 if not self.training else self.attention_dropout,
-                                     scaling=self.scaling, **kwargs)
-            return self.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
-
-    return LlamaAttention, NativeLlamaAttention
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, cache=None, **kwargs):
+        if cache is None:
+            cache = kwargs.pop("past_key_values", None)
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        q = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        k = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        v = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        cos, sin = position_embeddings
+        q_rot, k_rot = rope(q, cos, sin), rope(k, cos, sin)
+        if q_rot is None or k_rot is None:
+            q_rot, k_rot = apply_rotary_pos_emb(q, k, cos, sin)
+        if cache is not None:
+            k_rot, v = cache.update(k_rot, v, self.layer_idx, kwargs=kwargs)
+        interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        out, weights = interface(self, q_rot, k_rot, v, attention_mask,
+                                 dropout=0.0 if not self.training else self.attention_dropout,
+                                 scaling=self.scaling, **kwargs)
+        return self.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
 
 
 def _register() -> None:
@@ -107,10 +104,9 @@ def use_native_ops(model: nn.Module) -> Counter:
     from lowbit.models.adapters import set_path
 
     counts: Counter = Counter()
-    llama, native_llama = _native_llama_attention()
     for mod in model.modules():
-        if type(mod) is llama:
-            mod.__class__ = native_llama
+        if type(mod) is LlamaAttention:
+            mod.__class__ = NativeLlamaAttention
             counts["rope"] += 1
     for name, mod in list(model.named_modules()):
         if (type(mod).__name__ in NORM_CLASSES and isinstance(getattr(mod, "weight", None), torch.Tensor)

@@ -3,6 +3,7 @@ subclass bit for bit; norms and attention within their rounding), and that the n
 really runs in decode steps while prefill and padded batches keep sdpa's masks."""
 
 import copy
+import pickle
 from collections import Counter
 
 import pytest
@@ -57,6 +58,9 @@ def test_swaps_and_keeps_the_state_dict():
     assert list(after) == list(before) and all(torch.equal(after[k], before[k]) for k in before)
     assert isinstance(model.model.layers[0].input_layernorm, native_ops.NativeRMSNorm)
     assert model.config._attn_implementation == native_ops.ATTENTION
+    assert not native_ops.use_native_ops(model)  # a second call finds nothing left to swap
+    again = pickle.loads(pickle.dumps(model))  # the swapped classes live at module level
+    assert type(again.model.layers[0].self_attn) is native_ops.NativeLlamaAttention
     model.to(torch.bfloat16)  # the norm's weight is the model's own parameter: it follows
     assert model.model.layers[0].input_layernorm.weight.dtype == torch.bfloat16
 
@@ -65,10 +69,11 @@ def test_rotary_subclass_is_hugging_face_bit_for_bit():
     """Only the attention class swapped: prefill (padded) and cached decode give the same bits."""
     stock = tiny_llama(vocab_size=512, layers=2).to(torch.bfloat16)
     swapped = copy.deepcopy(stock)
-    llama, native = native_ops._native_llama_attention()
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
     for mod in swapped.modules():
-        if type(mod) is llama:
-            mod.__class__ = native
+        if type(mod) is LlamaAttention:
+            mod.__class__ = native_ops.NativeLlamaAttention
     ids = _ids()
     mask = torch.ones_like(ids)
     mask[0, :3] = 0  # left padding
