@@ -33,6 +33,12 @@ def _bind(lib: ctypes.CDLL) -> None:
 _LIB = cbuild.NativeLibrary(Path(__file__).with_name("csrc") / "decode_ops.c", cbuild.KERNEL_FLAG_SETS, _bind)
 
 
+def _needs_grad(*ts: torch.Tensor) -> bool:
+    """Whether autograd would record this op (the native ops have no backward): a parameter's
+    ``requires_grad`` alone does not count under ``no_grad`` / ``inference_mode``."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
+
+
 def library(flags: tuple[str, ...] | None = None) -> ctypes.CDLL | None:
     return _LIB.get(flags)
 
@@ -51,7 +57,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, lib=None) -> tor
     per decode step, so the checks are the cheap ones."""
     lib = lib or _LIB.get()
     xd, wd = x.dtype, weight.dtype
-    if (lib is None or not (x.is_cpu and weight.is_cpu) or x.requires_grad or weight.requires_grad
+    if (lib is None or not (x.is_cpu and weight.is_cpu) or _needs_grad(x, weight)
             or (xd is not _F32 and xd is not _BF16) or (wd is not _F32 and wd is not _BF16) or weight.dim() != 1):
         return None
     n = weight.shape[0]
@@ -79,7 +85,8 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lib=None) -> tor
     lib = lib or _LIB.get()
     dt = x.dtype
     if (lib is None or (dt is not _F32 and dt is not _BF16) or cos.dtype is not dt or sin.dtype is not dt
-            or not (x.is_cpu and cos.is_cpu and sin.is_cpu) or x.requires_grad or x.dim() != 4 or cos.dim() != 3
+            or not (x.is_cpu and cos.is_cpu and sin.is_cpu) or _needs_grad(x, cos, sin) or x.dim() != 4
+            or cos.dim() != 3
             or sin.shape != cos.shape):
         return None
     B, H, S, D = x.shape
@@ -110,8 +117,8 @@ def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     lib = lib or _LIB.get()
     dt = q.dtype
     if (lib is None or (dt is not _F32 and dt is not _BF16) or k.dtype is not dt or v.dtype is not dt
-            or not (q.is_cpu and k.is_cpu and v.is_cpu) or q.requires_grad or k.requires_grad or v.requires_grad
-            or q.dim() != 4 or k.dim() != 4 or v.shape != k.shape):
+            or not (q.is_cpu and k.is_cpu and v.is_cpu) or _needs_grad(q, k, v) or q.dim() != 4 or k.dim() != 4
+            or v.shape != k.shape):
         return None
     B, Hq, one, D = q.shape
     _, Hkv, L, _ = k.shape

@@ -159,6 +159,21 @@ def test_rms_norm_nan_row_and_strided_input():
     assert ops.rms_norm(torch.randn(0, 64), torch.ones(64), 1e-6).shape == (0, 64)
 
 
+def test_parameters_run_natively_without_autograd():
+    """A model's weights are parameters (requires_grad): under no_grad / inference_mode the native
+    ops still run; with autograd recording they leave it to torch (they have no backward)."""
+    w = torch.nn.Parameter(torch.ones(8))
+    x = torch.randn(2, 8)
+    assert ops.rms_norm(x, w, 1e-6) is None
+    with torch.no_grad():
+        assert ops.rms_norm(x, w, 1e-6) is not None
+    with torch.inference_mode():
+        assert ops.rms_norm(x, w, 1e-6) is not None
+        q, k, v = _qkv(1, 2, 1, 4, 8, torch.float32)
+        assert ops.attention_decode(q, k, v, 0.1) is not None
+        assert ops.rope(k, torch.randn(1, 4, 8), torch.randn(1, 4, 8)) is not None
+
+
 def test_rms_norm_declines_what_it_does_not_do():
     assert ops.rms_norm(torch.randn(2, 8).half(), torch.ones(8).half(), 1e-6) is None
     assert ops.rms_norm(torch.randn(2, 8), torch.ones(9), 1e-6) is None

@@ -29,11 +29,16 @@ def _generate(model, ids, mask=None, new=6):
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Counts the native attention's calls (``fast``) and sdpa's (``sdpa``)."""
+    """Counts the native attention's calls (``fast``), sdpa's (``sdpa``) and native norms (``norm``)."""
     import transformers.integrations.sdpa_attention as sdpa
 
     calls = Counter()
-    fast, slow = native_ops.attention_decode, sdpa.sdpa_attention_forward
+    fast, slow, norm = native_ops.attention_decode, sdpa.sdpa_attention_forward, native_ops.rms_norm
+
+    def count_norm(*a, **k):
+        out = norm(*a, **k)
+        calls["norm" if out is not None else "norm declined"] += 1
+        return out
 
     def count_fast(*a, **k):
         out = fast(*a, **k)
@@ -45,6 +50,7 @@ def counted(monkeypatch):
         return slow(*a, **k)
 
     monkeypatch.setattr(native_ops, "attention_decode", count_fast)
+    monkeypatch.setattr(native_ops, "rms_norm", count_norm)
     monkeypatch.setattr(sdpa, "sdpa_attention_forward", count_sdpa)
     return calls
 
@@ -91,8 +97,9 @@ def test_native_model_generates_like_the_stock_one(dtype, atol, counted):
     seq_a, scores_a = _generate(stock, ids)
     counted.clear()
     seq_b, scores_b = _generate(native, ids)
-    # prefill through sdpa (2 layers), then 5 decode steps through the native kernel
-    assert counted == {"sdpa": 2, "fast": 10}
+    # prefill through sdpa (2 layers), then 5 decode steps through the native kernel; all
+    # 6 forwards x 5 norms native (the weights are parameters, but generate runs without autograd)
+    assert counted == {"sdpa": 2, "fast": 10, "norm": 30}
     assert torch.equal(seq_a, seq_b)
     assert (scores_a - scores_b).abs().max() <= atol * scores_a.abs().max()
 
@@ -106,7 +113,7 @@ def test_padded_batch_keeps_its_mask(counted):
     mask = torch.ones_like(ids)
     mask[0, :4] = 0
     seq, _ = _generate(model, ids, mask)
-    assert counted["sdpa"] == 12 and counted["fast"] == 0
+    assert counted["sdpa"] == 12 and counted["fast"] == 0 and counted["norm"] == 30
     alone, _ = _generate(model, ids[:1, 4:])
     assert torch.equal(seq[0, 4:], alone[0])
 
