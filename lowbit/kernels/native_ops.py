@@ -19,6 +19,7 @@ from collections import Counter
 
 import torch
 from torch import nn
+from transformers.integrations import sdpa_attention
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaAttention, apply_rotary_pos_emb, eager_attention_forward
 
@@ -50,15 +51,13 @@ def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: 
               attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None, **kwargs):
     """Hugging Face attention interface: the native kernel for one query token with no mask, sdpa
     otherwise (same signature and output layout ``[B, q_len, heads, D]``)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     if attention_mask is None and not dropout and query.shape[2] == 1 and not any(
             kwargs.get(k) is not None for k in _EXTRAS):
         out = attention_decode(query, key, value, scaling if scaling is not None else query.shape[-1] ** -0.5)
         if out is not None:
             return out, None
-    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                  **kwargs)
+    return sdpa_attention.sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                                 scaling=scaling, **kwargs)
 
 
 class NativeLlamaAttention(LlamaAttention):
