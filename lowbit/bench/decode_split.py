@@ -24,7 +24,7 @@ def register(kinds) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--calib", default="4x128")
     p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--stock-ops", action="store_true", help="PyTorch's norms and attention (as bench decode's)")
+    p.add_argument("--stock-ops", action="store_true", help="PyTorch's norms, rotary and attention (as bench decode's)")
     p.add_argument("--out", type=Path, default=Path("bench_out/decode_split"))
     p.set_defaults(func=run, gptq=False, kernel=None, device="cpu")
 

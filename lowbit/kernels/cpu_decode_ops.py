@@ -52,9 +52,9 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, lib=None) -> torch.Tensor | None:
     """:func:`rms_norm_reference` in one call (None where it does not apply). The statistic is
-    summed in double, so it can differ from torch's float32 sum in its last bit; the output then
-    differs by at most one step of its dtype, and rarely at all (tested). Called once per norm
-    per decode step, so the checks are the cheap ones."""
+    summed in double, torch's in float32, so 1/rms can differ by half the float32 sum's error: a
+    float32 output by that plus a few roundings, a bf16 one by at most one step and rarely at all
+    (tested). Called once per norm per decode step, so the checks are the cheap ones."""
     lib = lib or _LIB.get()
     xd, wd = x.dtype, weight.dtype
     if (lib is None or not (x.is_cpu and weight.is_cpu) or _needs_grad(x, weight)
@@ -86,8 +86,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lib=None) -> tor
     dt = x.dtype
     if (lib is None or (dt is not _F32 and dt is not _BF16) or cos.dtype is not dt or sin.dtype is not dt
             or not (x.is_cpu and cos.is_cpu and sin.is_cpu) or _needs_grad(x, cos, sin) or x.dim() != 4
-            or cos.dim() != 3
-            or sin.shape != cos.shape):
+            or cos.dim() != 3 or sin.shape != cos.shape):
         return None
     B, H, S, D = x.shape
     if D % 2 or cos.shape[1:] != (S, D) or cos.shape[0] not in (1, B) or x.stride(3) != 1:

@@ -16,15 +16,6 @@
 #endif
 #include "bf16.h"
 
-#if ACT_SIMD
-static inline __m256 act_load8(const void *x, int bf16, int64_t j) {
-    if (bf16)
-        return _mm256_castsi256_ps(
-            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)x + j))), 16));
-    return _mm256_loadu_ps((const float *)x + j);
-}
-#endif
-
 /* Values [a, b) of x: their absmax, and whether all are finite. */
 static inline float act_absmax(const void *x, int bf16, int64_t a, int64_t b, int *finite) {
     float amax = 0.f;

@@ -1,7 +1,8 @@
 /* The small per-token operations of a decode step that are not linears: RMSNorm, the rotary
- * embedding and the attention of one new query over the KV cache. In eager PyTorch each is a chain of 8-15 tiny
- * operator calls (and bfloat16 attention is emulated on CPUs without bf16 arithmetic), so at batch
- * 1 they cost more than the 4-bit linears. Here each is one call, computed in float32.
+ * embedding and the attention of one new query over the KV cache. In eager PyTorch each is a chain
+ * of 8-15 tiny operator calls (and bfloat16 attention is emulated on CPUs without bf16
+ * arithmetic), so at batch 1 they cost more than the 4-bit linears. Here each is one call,
+ * computed in float32.
  *
  * Every format of a decode benchmark runs through these same ops, so they shift every format's
  * step time alike and never favour one.
@@ -86,13 +87,6 @@ void rope(const void *x, int64_t xb, int64_t xh, int64_t xs, const void *cos, co
 #include <immintrin.h>
 #define DECODE_SIMD 1
 
-static inline __m256 load8(const void *p, int bf16, int64_t j) {
-    if (bf16)
-        return _mm256_castsi256_ps(
-            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + j))), 16));
-    return _mm256_loadu_ps((const float *)p + j);
-}
-
 static inline float hsum8(__m256 v) {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
@@ -143,10 +137,10 @@ static void attend_group(const void *q, int64_t qh, const void *k, const void *v
                 __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
                 for (int64_t d = 0; d < D; d += 8) {
                     const __m256 qv = _mm256_loadu_ps(qf + d);
-                    a0 = _mm256_fmadd_ps(qv, load8(k0, bf16, d), a0);
-                    a1 = _mm256_fmadd_ps(qv, load8(k0 + step, bf16, d), a1);
-                    a2 = _mm256_fmadd_ps(qv, load8(k0 + 2 * step, bf16, d), a2);
-                    a3 = _mm256_fmadd_ps(qv, load8(k0 + 3 * step, bf16, d), a3);
+                    a0 = _mm256_fmadd_ps(qv, act_load8(k0, bf16, d), a0);
+                    a1 = _mm256_fmadd_ps(qv, act_load8(k0 + step, bf16, d), a1);
+                    a2 = _mm256_fmadd_ps(qv, act_load8(k0 + 2 * step, bf16, d), a2);
+                    a3 = _mm256_fmadd_ps(qv, act_load8(k0 + 3 * step, bf16, d), a3);
                 }
                 scores[l] = hsum8(a0), scores[l + 1] = hsum8(a1), scores[l + 2] = hsum8(a2), scores[l + 3] = hsum8(a3);
             }
@@ -179,10 +173,10 @@ static void attend_group(const void *q, int64_t qh, const void *k, const void *v
             for (l = 0; l < L; l++) {
                 const __m256 pv = _mm256_set1_ps(scores[l]);
                 const char *vr = (const char *)v + l * vl * es;
-                a0 = _mm256_fmadd_ps(pv, load8(vr, bf16, d0), a0);
-                a1 = _mm256_fmadd_ps(pv, load8(vr, bf16, d0 + 8), a1);
-                a2 = _mm256_fmadd_ps(pv, load8(vr, bf16, d0 + 16), a2);
-                a3 = _mm256_fmadd_ps(pv, load8(vr, bf16, d0 + 24), a3);
+                a0 = _mm256_fmadd_ps(pv, act_load8(vr, bf16, d0), a0);
+                a1 = _mm256_fmadd_ps(pv, act_load8(vr, bf16, d0 + 8), a1);
+                a2 = _mm256_fmadd_ps(pv, act_load8(vr, bf16, d0 + 16), a2);
+                a3 = _mm256_fmadd_ps(pv, act_load8(vr, bf16, d0 + 24), a3);
             }
             _mm256_storeu_ps(acc + d0, a0), _mm256_storeu_ps(acc + d0 + 8, a1);
             _mm256_storeu_ps(acc + d0 + 16, a2), _mm256_storeu_ps(acc + d0 + 24, a3);
