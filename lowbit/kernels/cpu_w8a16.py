@@ -6,7 +6,10 @@
 - ``int8pack``: torch's ``_weight_int8pack_mm`` (int8 ``[out, in]`` weight, bf16 activations). Its
   own per-channel scale is given as ones and the float32 scale is applied to its output, so the
   fp16 weight scales are not rounded to bf16. Error: bf16 rounding of input and output (tested
-  bound 2^-7 of Σ|x||w|).
+  bound 2^-7 of Σ|x||w|). Its AVX-512 path steps over the input dim 16 values at a time with no
+  remainder loop (torch 2.13): other widths read past the rows and return garbage or segfault
+  (measured: in=200 crashes, in=24 returns 1e13). So the weight is zero-padded to a multiple of
+  :data:`INT8PACK_K` once and the activations per call; the op never sees another width.
 
 Both: symmetric per-channel weights only (group 0), no outliers.
 """
@@ -16,11 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from . import cpu_w8_gemv
 from .params import KernelError, LinearParams
 
 METHODS = ("native", "int8pack")
+INT8PACK_K = 16  # the input width _weight_int8pack_mm handles on every x86 path (AVX2: 8, AVX-512: 16)
 
 
 @dataclass
@@ -29,6 +34,7 @@ class W8A16Prepared:
     ones: torch.Tensor
     scale: torch.Tensor  # float32 [out]
     bias: torch.Tensor | None
+    n_in: int = 0  # the true input width (weight columns past it are zero padding)
     dtype: torch.dtype = torch.bfloat16
     method: str = "int8pack"
 
@@ -60,12 +66,19 @@ def prepare(p: LinearParams, method: str | None = None):
         return st
     if not _int8pack_available():
         raise KernelError("this torch build has no _weight_int8pack_mm")
-    return W8A16Prepared(p.codes.contiguous(), torch.ones(p.out_features, dtype=torch.bfloat16),
-                         p.scale[:, 0].contiguous(), p.bias)
+    n = p.codes.shape[1]
+    codes = F.pad(p.codes, (0, -n % INT8PACK_K)).contiguous()
+    return W8A16Prepared(codes, torch.ones(p.out_features, dtype=torch.bfloat16), p.scale[:, 0].contiguous(), p.bias, n)
 
 
 def run(x: torch.Tensor, w) -> torch.Tensor:
     if isinstance(w, cpu_w8_gemv.W8GemvPrepared):
         return cpu_w8_gemv.run(x, w)
-    y = torch.ops.aten._weight_int8pack_mm(x.to(w.dtype).contiguous(), w.weight, w.ones).float() * w.scale
+    xb = x.to(w.dtype)
+    k = w.weight.shape[1]
+    if k % INT8PACK_K or x.shape[-1] != w.n_in:  # never reached through prepare: the op must not see it
+        raise KernelError(f"int8pack: input width {x.shape[-1]} / padded {k} (needs {w.n_in} / a multiple of {INT8PACK_K})")
+    if k != w.n_in:
+        xb = F.pad(xb, (0, k - w.n_in))
+    y = torch.ops.aten._weight_int8pack_mm(xb.contiguous(), w.weight, w.ones).float() * w.scale
     return y + w.bias if w.bias is not None else y

@@ -34,6 +34,26 @@ def test_bf16_paths_within_bound(t, out, n_in, kind, mod, group, method):
     assert torch.all((y - ref).abs() <= 2.0 ** -7 * mag + 1e-6)
 
 
+@pytest.mark.parametrize("n_in", [1, 8, 15, 16, 17, 24, 200, 264])
+@pytest.mark.parametrize("t", [1, 4, 17])
+def test_int8pack_any_input_width(t, n_in):
+    """torch's _weight_int8pack_mm segfaults or returns garbage for widths that are not a multiple
+    of 16 on AVX-512 CPUs: the method pads, so every width (each side of the boundary) is right."""
+    x, p = _case(t, 33, n_in, "w8a16")
+    st = cpu_w8a16.prepare(p, "int8pack")
+    assert st.weight.shape[1] % cpu_w8a16.INT8PACK_K == 0
+    y = cpu_w8a16.run(x, st)
+    mag = x.abs() @ p.dequantize().abs().t() + p.bias.abs()
+    assert torch.all((y - reference.linear(x, p)).abs() <= 2.0 ** -7 * mag + 1e-6)
+
+
+def test_int8pack_refuses_a_width_it_was_not_prepared_for():
+    x, p = _case(2, 8, 32, "w8a16")
+    st = cpu_w8a16.prepare(p, "int8pack")
+    with pytest.raises(KernelError, match="int8pack"):
+        cpu_w8a16.run(torch.randn(2, 40), st)
+
+
 @pytest.mark.parametrize("t,out,n_in", SHAPES)
 @pytest.mark.parametrize("kind,mod,k,method", [(kind, mod, k, m) for kind, mod, k in
                                               [("w8a8", cpu_w8a8, 0), ("w4a4", cpu_w4a4, 0), ("w4a4", cpu_w4a4, 32)]
