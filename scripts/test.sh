@@ -3,4 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/venv.sh
-exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"
+# Each test has a time limit (pyproject: timeout) and a crashed worker fails its test by name; the
+# outer limit ends the run even if pytest itself were stuck, well inside CI's 90 minutes. worksteal,
+# not loadfile: xdist's loadfile scheduler waits forever once a crashed worker has been replaced.
+exec timeout --kill-after=30 2400 .venv/bin/python -m pytest -n 2 --dist worksteal "$@"
