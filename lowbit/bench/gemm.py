@@ -152,6 +152,7 @@ def run(args) -> int:
 
     from lowbit.kernels import from_float, prepare
 
+    from . import machine
     from .report import write_csv, write_json
 
     if args.threads:
@@ -168,7 +169,8 @@ def run(args) -> int:
         console.print(f"[red]{e}[/red]")
         return 2
     batches = [int(b) for b in args.batches.split(",")]
-    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    # the float baselines always run: a quantized kernel is judged against the faster of the two here
+    kernels = list(dict.fromkeys(["fp32", "bf16"] + [k.strip() for k in args.kernels.split(",") if k.strip()]))
     methods = _methods()
     bad = [k for k in kernels if k.split("@")[0] not in KERNELS or ("@" in k and k.split("@")[1] not in methods.get(k.split("@")[0], ()))]
     if bad or any(b < 1 for b in batches) or args.repeats < 1:
@@ -214,7 +216,7 @@ def run(args) -> int:
     _print(console, rows, copy_bw, dev)
     meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
     meta |= {"torch": torch.__version__, "threads": torch.get_num_threads(), "copy_GBps": copy_bw / 1e9,
-             "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "machine": machine.report()}
     write_csv(args.out / "gemm.csv", rows)
     write_json(args.out / "gemm.json", {"meta": meta, "rows": rows})
     _plot(rows, args.out / "gemm.png")
@@ -223,7 +225,8 @@ def run(args) -> int:
 
 
 def _finish(rows: list[dict], copy_bw: float) -> None:
-    """Speedups against fp32/bf16 of the same shape and batch, and the roofline bound."""
+    """Speedups against fp32/bf16 of the same shape and batch and against the faster of the two
+    (``best_float``: bf16 is native on some CPUs and emulated on others), and the roofline bound."""
     peak = max((r["ops"] / (r["ms"] / 1e3) for r in rows if r["kernel"] in ("fp32", "bf16")), default=0.0)
     base = {(r["shape"], r["batch"], r["kernel"]): r["ms"] for r in rows if r["kernel"] in ("fp32", "bf16")}
     for r in rows:
@@ -234,6 +237,10 @@ def _finish(rows: list[dict], copy_bw: float) -> None:
         for b in ("fp32", "bf16"):
             ref = base.get((r["shape"], r["batch"], b))
             r[f"x_vs_{b}"] = ref / r["ms"] if ref else None
+        floats = {b: base[(r["shape"], r["batch"], b)] for b in ("fp32", "bf16") if (r["shape"], r["batch"], b) in base}
+        best = min(floats, key=floats.get) if floats else None
+        r["best_float"] = best
+        r["x_vs_best_float"] = floats[best] / r["ms"] if best else None
 
 
 def _print(console, rows: list[dict], copy_bw: float, dev) -> None:
@@ -241,14 +248,17 @@ def _print(console, rows: list[dict], copy_bw: float, dev) -> None:
 
     from .report import fmt_bytes
 
-    table = Table(title=f"linear kernels on {dev} (median ms; copy bandwidth {copy_bw / 1e9:.1f} GB/s; "
-                        "roofline = max(bytes/copy BW, ops/best F.linear rate))")
-    for col in ("shape", "batch", "kernel", "impl", "ms", "vs bf16", "vs fp32", "weights", "GB/s", "TFLOP/s",
+    from lowbit.kernels.cpu_features import summary
+
+    table = Table(title=f"linear kernels on {dev if dev.type != 'cpu' else summary()} (median ms; copy bandwidth "
+                        f"{copy_bw / 1e9:.1f} GB/s; roofline = max(bytes/copy BW, ops/best F.linear rate))")
+    for col in ("shape", "batch", "kernel", "impl", "ms", "vs best float", "vs bf16", "vs fp32", "weights", "GB/s", "TFLOP/s",
                 "roofline ms", "of roofline"):
         table.add_column(col, justify="right")
     for r in rows:
         fx = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
-        table.add_row(r["shape"], str(r["batch"]), r["kernel"], r["impl"], f"{r['ms']:.3f}", fx(r["x_vs_bf16"]),
+        best = "-" if r["x_vs_best_float"] is None else f"{r['x_vs_best_float']:.2f}x ({r['best_float']})"
+        table.add_row(r["shape"], str(r["batch"]), r["kernel"], r["impl"], f"{r['ms']:.3f}", best, fx(r["x_vs_bf16"]),
                       fx(r["x_vs_fp32"]), fmt_bytes(r["weight_bytes"]), f"{r['GBps']:.2f}", f"{r['TFLOPps']:.4f}",
                       f"{r['roofline_ms']:.3f} ({r['bound_by'][0]})", f"{100 * r['of_roofline']:.0f}%")
     console.print(table)

@@ -51,8 +51,14 @@ def test_decode_small_real_run(tmp_path):
     rc = main(["bench", "decode", "--formats", "fp32,w4a16", "--batches", "2", "--prompt", "8", "--new", "3",
                "--repeats", "1", "--calib", "1x32", "--out", str(tmp_path)])
     assert rc == 0
-    rows = json.loads((tmp_path / "decode.json").read_text())["rows"]
-    fp, q = rows
+    data = json.loads((tmp_path / "decode.json").read_text())
+    rows = data["rows"]
+    assert [r["format"] for r in rows] == ["fp32", "bf16", "w4a16"]  # both float baselines always run
+    fp, bf, q = rows
+    best = max((fp, bf), key=lambda r: r["decode_tok_s"])
+    assert q["best_float"] == best["format"]
+    assert q["decode_vs_best_float"] == pytest.approx(q["decode_tok_s"] / best["decode_tok_s"])
+    assert data["meta"]["machine"]["cpu"]["model"]  # every measurement names its CPU
     assert q["kernels"].get("w4a16:cpu:native", 0) > 0  # the kernels really ran
     # every format, the float baseline too, gets the native norms, rotary and decode attention
     for r in rows:

@@ -51,7 +51,19 @@ def test_gemm_end_to_end(tmp_path):
     assert {r["impl"] for r in rows if r["kernel"].startswith("w4a16")} == {"cpu:native", "cpu:int4pack"}
     for r in rows:
         assert r["ms"] > 0 and r["roofline_ms"] > 0 and r["x_vs_bf16"] > 0
+        floats = {f["kernel"]: f["ms"] for f in rows if f["shape"] == r["shape"] and f["batch"] == r["batch"]
+                  and f["kernel"] in ("fp32", "bf16")}
+        assert r["best_float"] == min(floats, key=floats.get)
+        assert r["x_vs_best_float"] == pytest.approx(min(floats.values()) / r["ms"])
         assert r["weight_bytes"] > 0 and r["bytes"] > r["weight_bytes"]
+    assert data["meta"]["machine"]["cpu"]["features"]
+
+
+def test_gemm_always_measures_both_floats(tmp_path):
+    assert main(["bench", "gemm", "--shapes", "64x16", "--batches", "1", "--kernels", "w8a8", "--repeats", "1",
+                 "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "gemm.json").read_text())["rows"]
+    assert [r["kernel"] for r in rows] == ["fp32", "bf16", "w8a8"]
 
 
 def test_gemm_bad_arguments(tmp_path):

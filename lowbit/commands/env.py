@@ -1,0 +1,54 @@
+"""``lowbit env``: the machine as lowbit sees it: CPU model and features, torch's build and the
+native kernels that built here, and the method each quantized kind runs by default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("env", help="this machine: CPU features, torch, which native kernels build and run",
+                       description="Print the CPU (model, instruction-set features), torch's build and CPU "
+                                   "capability, each native library lowbit builds (and whether it built), and the "
+                                   "kernel each quantized kind uses by default here.")
+    p.add_argument("--json", type=Path, default=None, help="also write the report as JSON (atomically)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from lowbit.io.atomic import write_text
+    from lowbit.bench.machine import report
+
+    rep = report()
+    console = Console()
+    cpu = rep["cpu"]
+    console.print(f"CPU: {cpu['model']} ({cpu['machine']}, {cpu['cores']} cores)", highlight=False)
+    console.print(f"torch {rep['torch']['version']}, CPU capability {rep['torch']['cpu_capability']}, "
+                  f"{rep['torch']['threads']} threads", highlight=False)
+    feats = Table(title="instruction-set features")
+    feats.add_column("feature")
+    feats.add_column("present", justify="center")
+    for name, ok in cpu["features"].items():
+        feats.add_row(name, "yes" if ok else "-")
+    console.print(feats)
+    libs = Table(title="native libraries (built on first use with this CPU's instructions)")
+    for c in ("library", "built", "source"):
+        libs.add_column(c)
+    for lib in rep["native"]:
+        libs.add_row(lib["name"], "yes" if lib["built"] else "[red]no[/red]", lib["source"])
+    console.print(libs)
+    kinds = Table(title="default CPU kernel per quantized kind")
+    kinds.add_column("kind")
+    kinds.add_column("kernel")
+    for kind, impl in rep["kernels"].items():
+        kinds.add_row(kind, impl)
+    console.print(kinds)
+    if args.json:
+        write_text(args.json, json.dumps(rep, indent=2))
+        console.print(f"wrote {args.json}")
+    return 0
