@@ -88,6 +88,6 @@ class NativeLibrary:
         return self._libs[key]
 
 
-# the build every native kernel tries first: this CPU's instructions and OpenMP threads (sharing
-# torch's libgomp), then without either
-KERNEL_FLAG_SETS = (("-O3", "-march=native", "-fopenmp"), ("-O3", "-march=native"), ("-O3", "-fopenmp"), ("-O3",))
+# the build every native kernel tries first: this CPU's instructions, then without them (threads come
+# from csrc/work_pool.h, plain pthreads)
+KERNEL_FLAG_SETS = (("-O3", "-march=native", "-pthread"), ("-O3", "-pthread"))

@@ -11,10 +11,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 #include "bf16.h"
+#include "work_pool.h"
 
 static inline void store_at(void *y, int bf16, int64_t j, float v) {
     if (bf16)
@@ -193,40 +191,42 @@ static void attend_group(const void *q, int64_t qh, const void *k, const void *v
     }
 }
 
+struct attn_args {
+    const char *q, *k, *v;
+    int64_t qb, qh, kb, kh, kl, vb, vh, vl, Hq, Hkv, L, D, groups, es;
+    int bf16;
+    float scale;
+    char *out;
+    _Atomic int failed;
+};
+
+static void attn_item(const void *ctx, int64_t it) {
+    struct attn_args *a = (struct attn_args *)ctx;
+    float *scores = malloc((size_t)a->L * sizeof(float));
+    if (!scores) {
+        atomic_store(&a->failed, 1);
+        return;
+    }
+    const int64_t b = it / a->Hkv, h = it % a->Hkv, es = a->es;
+    attend_group(a->q + (b * a->qb + h * a->groups * a->qh) * es, a->qh, a->k + (b * a->kb + h * a->kh) * es,
+                 a->v + (b * a->vb + h * a->vh) * es, a->kl, a->vl, a->bf16, a->groups, a->L, a->D, a->scale, scores,
+                 a->out + (b * a->Hq + h * a->groups) * a->D * es);
+    free(scores);
+}
+
 /* Attention of one new query per (batch, query head) over L cached positions with no mask (every
  * cached position is visible to the newest token), grouped-query heads: query head h reads kv head
  * h / (Hq / Hkv). q: [B, Hq, D] (strides qb, qh); k, v: [B, Hkv, L, D] (strides kb, kh, kl / vb,
  * vh, vl); out: [B, Hq, D] contiguous, all in one dtype (bf16 or float32). Returns 1 when out of
- * memory for the scores, 2 on a head dim over 256 (nothing written either way). */
+ * memory for a work item's scores (its heads are then not written: the caller raises), 2 on a head
+ * dim over 256 (nothing written). Work items, one per (batch, kv head), go to the work pool. */
 int attn_decode(const void *q, int64_t qb, int64_t qh, const void *k, int64_t kb, int64_t kh, int64_t kl,
                 const void *v, int64_t vb, int64_t vh, int64_t vl, int bf16, int64_t B, int64_t Hq, int64_t Hkv,
                 int64_t L, int64_t D, float scale, void *out, int threads) {
     if (D > 256 || Hkv <= 0 || Hq % Hkv) return 2;
-    const int64_t groups = Hq / Hkv, items = B * Hkv, es = bf16 ? 2 : 4;
-    int failed = 0;
-    (void)threads;
-#ifdef _OPENMP
-#pragma omp parallel num_threads(threads) if (threads > 1 && items > 1 && items * L * D >= 65536)
-#endif
-    {
-        float *scores = malloc((size_t)L * sizeof(float));
-        if (!scores) {
-#ifdef _OPENMP
-#pragma omp atomic write
-#endif
-            failed = 1;
-        }
-#ifdef _OPENMP
-#pragma omp for schedule(static)
-#endif
-        for (int64_t it = 0; it < items; it++) {
-            if (!scores) continue;
-            const int64_t b = it / Hkv, h = it % Hkv;
-            attend_group((const char *)q + (b * qb + h * groups * qh) * es, qh,
-                         (const char *)k + (b * kb + h * kh) * es, (const char *)v + (b * vb + h * vh) * es, kl, vl,
-                         bf16, groups, L, D, scale, scores, (char *)out + (b * Hq + h * groups) * D * es);
-        }
-        free(scores);
-    }
-    return failed;
+    struct attn_args a = {q, k, v, qb, qh, kb, kh, kl, vb, vh, vl, Hq, Hkv, L, D, Hq / Hkv, bf16 ? 2 : 4, bf16,
+                          scale, out, 0};
+    const int64_t items = B * Hkv;
+    pool_run(attn_item, &a, items, items * L * D >= 65536 ? threads : 1);
+    return atomic_load(&a.failed);
 }

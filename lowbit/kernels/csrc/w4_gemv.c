@@ -14,8 +14,7 @@
  * of float(P) * (s * sx), fused multiply-adds in group order. A token's result is the same bits
  * whatever batch it comes in and however many threads run (tested).
  *
- * Threads: OpenMP over output rows when built with -fopenmp (loaded after torch, the soname
- * resolves to torch's own libgomp, so pools and torch.set_num_threads are shared); row_blocks.h.
+ * Threads: the work pool over output rows (row_blocks.h, work_pool.h), torch.get_num_threads() of them.
  */
 #include <math.h>
 #include <stdint.h>
@@ -34,13 +33,6 @@
 
 int w4_has_simd(void) { return W4_SIMD; }
 
-int w4_has_openmp(void) {
-#ifdef _OPENMP
-    return 1;
-#else
-    return 0;
-#endif
-}
 
 #if W4_SIMD
 /* acc += the 64 products of one 32-byte chunk of codes with 64 int16 activations. */
