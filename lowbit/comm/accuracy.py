@@ -14,7 +14,8 @@ import torch
 
 from .allreduce import FP16_OVERFLOW_CLAMP
 from .codecs import BLOCK, Codec, decode, encode, fp_wire_dtype, get_codec
-from .codecs.fast import as_rows
+from .codecs import extscale
+from .codecs.fast import as_rows, fp16_sums, saturate_f16
 
 _UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}
 _MIN_SUBNORMAL_HALF = {torch.float16: 2.0**-25, torch.bfloat16: 2.0**-134, torch.float32: 2.0**-150}
@@ -26,11 +27,17 @@ def simulate(inputs: list[torch.Tensor], codec: str | Codec) -> torch.Tensor:
     dtype = inputs[0].dtype
     fpw = fp_wire_dtype(dtype)
     n = inputs[0].numel()
-    acc = decode(encode(inputs[0].reshape(-1), c), c, n, torch.float32, fp_wire=fpw)
+    f16 = dtype == torch.float16 and c.kind != "fp"
+
+    def part(x: torch.Tensor) -> torch.Tensor:
+        v = decode(encode(x.reshape(-1), c), c, n, torch.float32, fp_wire=fpw)
+        return saturate_f16(v) if f16 else v
+
+    acc = part(inputs[0])
     for x in inputs[1:]:  # rank order, as every rank accumulates
-        acc += decode(encode(x.reshape(-1), c), c, n, torch.float32, fp_wire=fpw)
-    if dtype == torch.float16 and c.kind != "fp":
-        acc.clamp_(-FP16_OVERFLOW_CLAMP, FP16_OVERFLOW_CLAMP)
+        acc += part(x)
+    if f16:
+        acc = fp16_sums(acc, FP16_OVERFLOW_CLAMP)
     return decode(encode(acc, c, fp_wire=fpw), c, n, dtype, fp_wire=fpw)
 
 
@@ -43,7 +50,8 @@ def quantization_bound(x: torch.Tensor, codec: str | Codec, fp_wire: torch.dtype
         wd = fp_wire or fp_wire_dtype(x.dtype)
         return xf.abs() * _UNIT_ROUNDOFF[wd] + _MIN_SUBNORMAL_HALF[wd]
     wire = encode(x.reshape(-1), c, fp_wire=fp_wire)
-    s = wire[:, c.code_bytes :].contiguous().view(torch.float16).double().reshape(-1, 1)
+    s32, ext = extscale.scale_values(wire[:, c.code_bytes :].contiguous().view(torch.float16).reshape(-1, 1))
+    s = s32.double()
     blocks = as_rows(xf).reshape(-1, BLOCK)
     if c.kind == "int":
         t = blocks / s
@@ -53,6 +61,7 @@ def quantization_bound(x: torch.Tensor, codec: str | Codec, fp_wire: torch.dtype
         a = (blocks / s).abs()
         half_gap = torch.where(a <= 2, 0.25, torch.where(a <= 4, 0.5, 1.0))
         bound = s.abs() * half_gap
+    bound = torch.where(ext, 2 * s.abs(), bound)  # extended scale: a code may step toward zero
     return bound.reshape(-1)[:n] * (1 + 1e-6)
 
 

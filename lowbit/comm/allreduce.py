@@ -9,10 +9,17 @@ Every rank decodes the very same bytes, so every rank ends with a bit-identical 
 The FP codec sends the raw values in the input dtype (float32 stays float32), so its result
 differs from ``dist.all_reduce`` only by the order of the fp32 additions.
 
+Range: finite input never turns into NaN/Inf. A block whose FP16 scale would overflow (e.g. INT4
+beyond 524032, FP4 beyond 393120) travels with an extended scale (``codecs/extscale.py``: two
+significant bits, any float32 exponent; error at most two scale steps), so the quantized path
+still runs and every rank decodes the same bytes. Decoded values stay within bfloat16's range.
 Non-finite input (NaN/Inf) poisons only its own 32-value block: the block decodes to NaN on every
-rank, all other blocks are unaffected (the FP codec stays element-wise, like dist.all_reduce).
-float16 sums that overflow become ±inf as in dist.all_reduce: before re-encoding, a float16 sum
-is clamped to ±2^17, which every codec decodes beyond the float16 range.
+rank, all other blocks are unaffected (the FP codec stays element-wise, like dist.all_reduce);
+so does a float32/bfloat16 sum that overflows float32 (the wire cannot carry inf).
+float16 sums that overflow (|sum| ≥ 65520) become ±inf as in dist.all_reduce: before re-encoding,
+each rank's float16 contribution is saturated to ±65504 (FP4 may decode 65504 as 65520) and an
+overflowing sum set to ±2^17, which every codec decodes beyond the float16 range; a sum in
+(65504, 65520) becomes 65504, as float16 rounds it.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 No torch headers and no ninja: ``cc <flags> -shared -fPIC``. The cached library is keyed by a hash
 of the sources (every ``.c``/``.h`` next to the source), the flags, the compiler and this CPU's
 model and feature flags, so a cache shared between machines never hands one CPU another's
-instructions. Writes are atomic (temp file, then rename). A build that fails returns None: the
-callers keep a pure-torch path.
+instructions. Where libraries are stored and when a cached one may be loaded (owner, mode and
+content hash checks, atomic writes) is :mod:`lowbit.kernels.native_cache`. A build that fails
+returns None: the callers keep a pure-torch path.
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from . import native_cache
+
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("LOWBIT_CACHE", Path.home() / ".cache" / "lowbit")) / "native"
+    """The directory native libraries are built into and loaded from (a private temporary one
+    when the configured cache is not safe to load from)."""
+    return native_cache.library_dir()
 
 
 def cpu_id() -> bytes:
@@ -47,14 +52,13 @@ def compile_library(src: Path, flags: tuple[str, ...], libs: tuple[str, ...] = (
         return None
     key = _sources(src) + " ".join(flags + libs).encode() + platform.machine().encode() + cc.encode() + cpu_id()
     so = cache_dir() / f"{src.stem}_{hashlib.sha256(key).hexdigest()[:16]}.so"
-    if not so.exists():
-        so.parent.mkdir(parents=True, exist_ok=True)
-        tmp = so.with_name(so.name + f".tmp{os.getpid()}")
+    if not native_cache.verified(so):  # absent, planted, truncated or without its build record
+        tmp = native_cache.temp_path(so.parent, ".so")
         try:
             r = subprocess.run([cc, *flags, "-shared", "-fPIC", str(src), "-o", str(tmp), *libs], capture_output=True)
             if r.returncode != 0:
                 return None
-            os.replace(tmp, so)
+            native_cache.publish(tmp, so)
         finally:
             tmp.unlink(missing_ok=True)
     try:

@@ -65,6 +65,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, lib=None) -> tor
         return None
     if not x.is_contiguous():
         x = x.contiguous()
+    if not weight.is_contiguous():  # the kernel reads n values from weight's data pointer
+        weight = weight.contiguous()
     out_bf16 = xd is _BF16 and wd is _BF16
     y = torch.empty_like(x, dtype=_BF16 if out_bf16 else _F32)
     lib.rms_norm(x.data_ptr(), xd is _BF16, x.numel() // n, n, weight.data_ptr(), wd is _BF16, eps, y.data_ptr(),

@@ -147,8 +147,12 @@ def run_codes(codes: torch.Tensor, scale: torch.Tensor, w: W4GemvPrepared, lib: 
     lib = lib or library()
     if lib is None:
         raise KernelError("w4 native kernel: no C compiler could build it")
-    t, n = codes.shape
     ng = w.scale.shape[1]
+    if codes.dim() != 2 or codes.shape[1] != w.n_in or codes.device.type != "cpu":
+        raise ValueError(f"w4 native kernel: codes must be CPU [tokens, {w.n_in}], got {tuple(codes.shape)}")
+    t, n = codes.shape
+    if tuple(scale.shape) != (t, ng):
+        raise ValueError(f"w4 native kernel: scale must be [{t}, {ng}] (tokens, groups), got {tuple(scale.shape)}")
     xq = F.pad(codes.to(torch.int16), (0, w.k_pad - n)).contiguous()
     xsum = F.pad(xq, (0, ng * w.group - w.k_pad)).reshape(t, ng, w.group).sum(-1, dtype=torch.int32)
     sx = scale.float().contiguous()

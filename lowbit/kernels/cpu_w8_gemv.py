@@ -86,7 +86,11 @@ def run_codes(codes: torch.Tensor, scale: torch.Tensor, w: W8GemvPrepared, lib: 
     lib = lib or library()
     if lib is None:
         raise KernelError("w8 native kernel: no C compiler could build it")
+    if codes.dim() != 2 or codes.shape[1] != w.n_in or codes.device.type != "cpu":
+        raise ValueError(f"w8 native kernel: codes must be CPU [tokens, {w.n_in}], got {tuple(codes.shape)}")
     t = codes.shape[0]
+    if scale.numel() != t:
+        raise ValueError(f"w8 native kernel: scale must hold one value per token ({t}), got {tuple(scale.shape)}")
     xq = F.pad(codes.to(torch.int16), (0, w.k_pad - w.n_in)).contiguous()
     sx = scale.float().contiguous()
     out_pad = w.scale.shape[0]

@@ -183,3 +183,34 @@ def inference_mode_then_normal(rank: int, world: int) -> list[torch.Tensor]:
             q.all_reduce(t)
         outs.append(t.clone())
     return outs
+
+
+BIG = {  # (index, value on rank 0, value on rank 1): finite sums at the edges of each dtype's range
+    "float32": [(5, 1e6, 1.0), (100, 3e38, -1.0), (2100, -3.4028234663852886e38, 0.5), (3000, 524033.0, 2.0)],
+    "bfloat16": [(5, 1e6, 1.0), (100, 3e38, -1.0), (2100, 3.3895313892515355e38, 0.0), (3000, -393216.0, 2.0)],
+    "float16": [(5, 65504.0, -1.0), (100, -65504.0, 0.0), (2100, 65504.0, 0.0), (3000, 32768.0, 30000.0)],
+}
+
+
+def range_input(rank: int, n: int, dtype_name: str, seed: int) -> torch.Tensor:
+    x = rank_input(rank, n, DTYPES[dtype_name], seed)
+    for i, v0, v1 in BIG[dtype_name]:
+        x[i] = v0 if rank == 0 else v1
+    return x
+
+
+def range_cases(rank: int, world: int, cases: list[tuple]) -> list[torch.Tensor]:
+    """Quick all-reduce of each (codec, dtype, n, seed, native) case of :func:`range_input`;
+    native False: the torch codec path (LOWBIT_QR_NATIVE=0)."""
+    from lowbit.comm.allreduce import QuickAllReduce
+
+    out = []
+    for codec, dtype_name, n, seed, use_native in cases:
+        os.environ["LOWBIT_QR_NATIVE"] = "1" if use_native else "0"
+        t = range_input(rank, n, dtype_name, seed)
+        q = QuickAllReduce(codec=codec, min_bytes=0, table={})
+        q.all_reduce(t)
+        assert q.last_path == codec
+        out.append(t)
+    os.environ.pop("LOWBIT_QR_NATIVE", None)
+    return out

@@ -24,10 +24,13 @@ _IN_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 def _bind(lib: ctypes.CDLL) -> None:
-    i64, vp = ctypes.c_int64, ctypes.c_void_p
-    lib.qr_encode.argtypes = [vp, ctypes.c_int, i64, i64, ctypes.c_int, ctypes.c_int, vp, i64, i64]
-    lib.qr_decode.argtypes = [vp, i64, ctypes.c_int, ctypes.c_int, i64, i64, vp, i64, ctypes.c_int, ctypes.c_int]
-    lib.qr_reduce.argtypes = [vp, ctypes.c_int, i64, ctypes.c_int, ctypes.c_int, i64, i64, ctypes.c_float, vp]
+    i64, vp, ci = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    lib.qr_encode.argtypes = [vp, ci, i64, i64, ci, ci, vp, i64, i64, i64]
+    lib.qr_encode.restype = ci
+    lib.qr_decode.argtypes = [vp, i64, ci, ci, i64, i64, vp, i64, ci, ci, i64, i64]
+    lib.qr_decode.restype = ci
+    lib.qr_reduce.argtypes = [vp, ci, i64, ci, ci, i64, i64, ctypes.c_float, vp, ctypes.POINTER(i64), i64]
+    lib.qr_reduce.restype = ci
 
 
 _LIB = cbuild.NativeLibrary(_SRC, _FLAG_SETS, _bind)
@@ -52,15 +55,45 @@ def simd() -> bool:
     return available() and bool(_lib.qr_has_simd())
 
 
+def _bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _check_rows(t: torch.Tensor, what: str, rows: int | None, row_bytes: int) -> int:
+    """``t`` must be a contiguous CPU uint8 ``[rows, row_bytes]`` buffer; returns its rows."""
+    if t.dtype != torch.uint8 or t.device.type != "cpu" or not t.is_contiguous() or t.dim() != 2:
+        raise ValueError(f"{what}: needs a contiguous CPU uint8 [rows, {row_bytes}] tensor, got "
+                         f"{t.dtype} {tuple(t.shape)} on {t.device}{'' if t.is_contiguous() else ', not contiguous'}")
+    if t.shape[1] != row_bytes or (rows is not None and t.shape[0] != rows):
+        want = f"[{'rows' if rows is None else rows}, {row_bytes}]"
+        raise ValueError(f"{what}: has shape {tuple(t.shape)}, this wire needs {want}")
+    return t.shape[0]
+
+
+def _check_values(t: torch.Tensor, what: str) -> None:
+    if t.dtype not in _IN_TYPES or t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError(f"{what}: needs a contiguous CPU float32/bfloat16/float16 tensor, got {t.dtype} on "
+                         f"{t.device}{'' if t.is_contiguous() else ', not contiguous'}")
+
+
+def _call(fn, *args) -> None:
+    if fn(*args) != 0:  # the C side's own check; unreachable after the wrapper's
+        raise ValueError(f"{fn.__name__}: the C kernel refused its arguments (buffer sizes or wire layout)")
+
+
 def encode_rows(x: torch.Tensor, kind: int, bits: int, rows: int, row_bytes: int, code_bytes: int,
                 out: torch.Tensor | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """x: contiguous flat CPU tensor (f32/bf16/f16); rows beyond x are zero padded. ``out``: a
     contiguous uint8 [rows, row_bytes] buffer to write into (else a new one). ``lib``: another build."""
+    _check_values(x, "encode input")
+    if rows < 0:
+        raise ValueError(f"encode: rows must be >= 0, got {rows}")
     if out is None:
         out = torch.empty(rows, row_bytes, dtype=torch.uint8)
+    _check_rows(out, "encode out", rows, row_bytes)
     if rows:
-        (lib or _lib).qr_encode(x.data_ptr(), _IN_TYPES[x.dtype], x.numel(), rows, kind, bits, out.data_ptr(), row_bytes,
-                                code_bytes)
+        _call((lib or _lib).qr_encode, x.data_ptr(), _IN_TYPES[x.dtype], x.numel(), rows, kind, bits, out.data_ptr(),
+              row_bytes, code_bytes, _bytes(out))
     return out
 
 
@@ -68,24 +101,35 @@ def decode_rows(wire: torch.Tensor, kind: int, bits: int, row_bytes: int, code_b
                 dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None, accumulate: bool = False,
                 lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """The first n values as ``dtype`` (written into the contiguous flat ``out`` when given;
-    ``accumulate`` adds into a float32 ``out``)."""
-    rows = wire.shape[0]
+    ``accumulate`` adds into a float32 ``out``). ValueError when n exceeds what the wire holds."""
+    rows = _check_rows(wire, "decode wire", None, row_bytes)
+    if not 0 <= n <= rows * 2048:
+        raise ValueError(f"decode: n = {n} values, the wire holds {rows} rows = {rows * 2048} values")
     if out is None:
         out = torch.empty(n, dtype=dtype)
+    _check_values(out, "decode out")
     if accumulate and out.dtype != torch.float32:
         raise TypeError("accumulate needs a float32 output")
+    if out.numel() < n:
+        raise ValueError(f"decode: out holds {out.numel()} values, n = {n}")
     if rows and n:
-        (lib or _lib).qr_decode(wire.data_ptr(), rows, kind, bits, row_bytes, code_bytes, out.data_ptr(), n,
-                                int(accumulate), _IN_TYPES[out.dtype])
+        _call((lib or _lib).qr_decode, wire.data_ptr(), rows, kind, bits, row_bytes, code_bytes, out.data_ptr(), n,
+              int(accumulate), _IN_TYPES[out.dtype], _bytes(wire), out.numel())
     return out
 
 
 def reduce_rows(wires: list[torch.Tensor], kind: int, bits: int, row_bytes: int, code_bytes: int, clamp: float,
                 out: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
-    """Fused decode + sum (in list order) + clamp (``clamp`` > 0) + encode of contiguous
+    """Fused decode + sum (in list order) + float16 bounding (``clamp`` > 0) + encode of contiguous
     ``[rows, row_bytes]`` wires into the contiguous ``out`` of the same shape."""
-    rows = out.shape[0]
+    if not wires:
+        raise ValueError("reduce: needs at least one wire")
+    rows = _check_rows(out, "reduce out", None, row_bytes)
+    for j, w in enumerate(wires):
+        _check_rows(w, f"reduce wire {j}", rows, row_bytes)
     ptrs = (ctypes.c_void_p * len(wires))(*[w.data_ptr() for w in wires])
+    sizes = (ctypes.c_int64 * len(wires))(*[_bytes(w) for w in wires])
     if rows:
-        (lib or _lib).qr_reduce(ptrs, len(wires), rows, kind, bits, row_bytes, code_bytes, float(clamp), out.data_ptr())
+        _call((lib or _lib).qr_reduce, ptrs, len(wires), rows, kind, bits, row_bytes, code_bytes, float(clamp),
+              out.data_ptr(), sizes, _bytes(out))
     return out

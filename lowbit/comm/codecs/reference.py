@@ -2,12 +2,15 @@
 
 Per 32-value block, by ``lowbit.formats``: integer codecs take scale = signed_absmax / -2^(b-1)
 stored as fp16 rounded away from zero (an all-zero block gets scale 1), codes =
-clamp(round_half_even(x / scale)) + 2^(b-1); FP4 takes scale = fp16(absmax / 6) and E2M1 codes. A block whose scale is not a finite fp16 (NaN/Inf in
-the block, or values beyond the fp16 scale range) is *poisoned*: scale NaN, codes 0, so it
-decodes to NaN and no other block is touched.
+clamp(round_half_even(x / scale)) + 2^(b-1); FP4 takes scale = fp16(absmax / 6) and E2M1 codes.
+A finite block whose scale does not fit fp16 gets an *extended* scale (``extscale.py``), written
+out plainly here. A block with NaN/Inf is *poisoned*: scale NaN, codes 0, so it decodes to NaN
+and no other block is touched. Decoding to float16 saturates |v| in (65504, 65536) to ±65504.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -15,6 +18,7 @@ from lowbit.formats import (
     PerGroup, QParams, choose_qparams, dequantize, e2m1_decode, fp4_quantize, pack, quantize, unpack,
 )
 
+from . import extscale
 from .spec import BLOCK, BLOCKS_PER_ROW, ROW, Codec, check_dtype, fp_wire_dtype, get_codec, n_rows
 
 
@@ -37,6 +41,34 @@ def _encode_block(b: torch.Tensor, c: Codec) -> tuple[torch.Tensor, torch.Tensor
     return q.codes, q.scale.to(torch.float16).reshape(())
 
 
+def _e2m1_index(a: float) -> int:
+    """E2M1 magnitude code of |v| = a: the nearest grid value, ties to the even code."""
+    grid = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+    best = min(range(8), key=lambda i: (abs(grid[i] - a), i % 2))
+    return best
+
+
+def _encode_block_ext(b: torch.Tensor, c: Codec) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, fp16-bits scale) of a finite block beyond the fp16 scale range, value by value."""
+    if c.kind == "int":
+        s32 = float(b[int(b.abs().argmax())] / c.qmin)  # float32 divide, as the formats do
+    else:
+        s32 = float(b.abs().max() / 6.0)
+    bits, s = extscale.encode_py(s32)
+    cap = extscale.code_cap_py(s)
+    codes = []
+    for v in (b / torch.tensor(s, dtype=torch.float32)).tolist():  # float32 quotients
+        if c.kind == "int":
+            q = min(max(round(v), c.qmin, -math.floor(cap)), c.qmax, math.floor(cap))  # round: half to even
+            codes.append(q + c.bias)
+        else:
+            g = 6.0 if cap >= 6.0 else 4.0
+            v = min(max(v, -g), g)
+            codes.append(_e2m1_index(abs(v)) | (8 if v < 0 else 0))
+    return torch.tensor(codes, dtype=torch.uint8), torch.tensor(bits - (0x10000 if bits & 0x8000 else 0),
+                                                                dtype=torch.int16).view(torch.float16)
+
+
 def encode_ref(x: torch.Tensor, codec: str | Codec, *, fp_wire: torch.dtype | None = None) -> torch.Tensor:
     """Wire bytes ``[rows, row_bytes]`` of ``x`` (any shape, flattened, zero padded to rows).
 
@@ -49,12 +81,15 @@ def encode_ref(x: torch.Tensor, codec: str | Codec, *, fp_wire: torch.dtype | No
         return rows.to(wd).contiguous().view(torch.uint8).reshape(rows.shape[0], c.wire_row_bytes(wd))
     codes, scales = [], []
     for b in rows.float().reshape(-1, BLOCK):  # one block at a time: plain and obviously right
-        try:
-            if not bool(torch.isfinite(b).all()):
-                raise ValueError("non-finite block")
-            q, s = _encode_block(b, c)
-        except ValueError:  # poisoned block: NaN scale, zero codes
+        if not bool(torch.isfinite(b).all()):  # poisoned block: NaN scale, zero codes
             q, s = torch.zeros(BLOCK, dtype=torch.uint8), torch.tensor(float("nan"), dtype=torch.float16)
+        else:
+            try:
+                q, s = _encode_block(b, c)
+            except ValueError:  # the scale does not fit fp16
+                q, s = _encode_block_ext(b, c)
+            if not bool(torch.isfinite(s)) and not extscale.is_ext_py(int(s.view(torch.int16)) & 0xFFFF):
+                q, s = _encode_block_ext(b, c)  # fp16 rounding overflowed without the formats noticing
         codes.append(q)
         scales.append(s)
     packed = pack(torch.stack(codes).reshape(-1, ROW), c.bits)
@@ -78,7 +113,15 @@ def decode_ref(
     if c.kind == "int":
         q = codes.to(torch.int16) - c.bias
         qp = QParams(scale, None, c.bits, True, True, PerGroup(BLOCK))
-        vals = dequantize(q.reshape(-1), qp, torch.float32)
+        vals = dequantize(q.reshape(-1), qp, torch.float32).reshape(-1, BLOCK)
     else:
-        vals = (e2m1_decode(codes) * scale.float()[:, None]).reshape(-1)
-    return vals.reshape(-1)[:n].to(dtype)
+        vals = e2m1_decode(codes) * scale.float()[:, None]
+    for i, bits in enumerate(scale.view(torch.int16).tolist()):  # extended scales, one block at a time
+        if extscale.is_ext_py(bits & 0xFFFF):
+            s = extscale.value_py(bits & 0xFFFF)
+            step = (codes[i].float() - c.bias) if c.kind == "int" else e2m1_decode(codes[i])
+            vals[i] = step * s  # exact in float32: codes have 8 bits at most, s 3
+    vals = vals.reshape(-1)[:n]
+    if dtype == torch.float16:
+        vals = torch.where(vals.abs() < 65536.0, vals.clamp(-65504.0, 65504.0), vals)
+    return vals.to(dtype)

@@ -191,7 +191,8 @@ static inline __m256i simd_block_bytes_bf16(int kind, const uint16_t *x, __m256 
 }
 
 /* One full row of bf16 input: scales into orow + code_bytes; returns 1 when the codes are
- * packed into orow already (4-bit codes), 0 when ``codes`` holds them in order for pack_planes. */
+ * packed into orow already (4-bit codes), 0 when ``codes`` holds them in order for pack_planes,
+ * -1 when a block needs an extended scale (nothing usable written: encode the row generally). */
 static inline int simd_encode_row_bf16(const uint16_t *x, int kind, int bits, uint8_t *orow, int64_t code_bytes,
                                        uint8_t *codes) {
     const int qmin = -(1 << (bits - 1)), nib = kind == 1 || bits == 4;
@@ -208,6 +209,9 @@ static inline int simd_encode_row_bf16(const uint16_t *x, int kind, int bits, ui
         __m256i nonfinite = _mm256_cvtepi16_epi32(
             _mm_cmpgt_epi16(_mm_and_si128(amax, _mm_set1_epi16(0x7FFF)), _mm_set1_epi16(0x7F7F)));
         simd_scales8(kind, qmin, _mm256_castsi256_ps(a32), nonfinite, scales + k, s, bad);
+        __m128i nf16 = _mm_packs_epi32(_mm256_castsi256_si128(nonfinite), _mm256_extracti128_si256(nonfinite, 1));
+        if (_mm_movemask_epi8(_mm_andnot_si128(nf16, _mm_loadu_si128((const __m128i *)bad))))
+            return -1; /* a finite block beyond the fp16 scale range: the caller's general path */
         if (nib) { /* two blocks -> 32 bytes: code pairs c + 16 c' (maddubs), then back in order */
             for (int j = 0; j < 8; j += 2) {
                 __m256i b0 = simd_block_bytes_bf16(kind, xk + BLK * j, _mm256_set1_ps(s[j]), lo, hi, bv);
@@ -275,7 +279,7 @@ static inline void simd_decode_row_bf16(const uint8_t *row, int kind, int bits, 
                                                0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
         const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), m4 = _mm256_set1_epi8(0x0F);
         for (int b = 0; b < NBLK; b++) {
-            __m256 sv = _mm256_set1_ps(_cvtsh_ss(scales[b]));
+            __m256 sv = _mm256_set1_ps(scale_value(scales[b]));
             /* 16 results as words, in order after packus + the dword permute: low bytes then high bytes */
             __m256i w = _mm256_packus_epi32(simd_bf16_rne(_mm256_mul_ps(cv0, sv)), simd_bf16_rne(_mm256_mul_ps(cv1, sv)));
             __m256i t = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(w, split), order);
@@ -297,7 +301,7 @@ static inline void simd_decode_row_bf16(const uint8_t *row, int kind, int bits, 
     }
     const __m256i ibias = _mm256_set1_epi32(1 << (bits - 1)); /* INT6, INT8: (code - bias) * s per value */
     for (int b = 0; b < NBLK; b++) {
-        __m256 sv = _mm256_set1_ps(_cvtsh_ss(scales[b]));
+        __m256 sv = _mm256_set1_ps(scale_value(scales[b]));
         __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(sv, sv, _CMP_UNORD_Q));
         for (int i = 0; i < BLK; i += 16) {
             __m256i w[2];

@@ -17,12 +17,39 @@
 #define HALF_NAN 0x7E00u
 #define HALF_ONE 0x3C00u
 
-#if defined(__AVX2__) && defined(__F16C__) && !defined(QR_NO_SIMD)
-#include "qr_avx2.h"
-#endif
+#define BF16_MAX 3.3895313892515355e38f /* decoded values stay within bfloat16 (extended scales) */
+#define F16_MAX 65504.0f
 
 static inline uint16_t h_bits(_Float16 h) { uint16_t b; memcpy(&b, &h, 2); return b; }
 static inline _Float16 h_from(uint16_t b) { _Float16 h; memcpy(&h, &b, 2); return h; }
+
+/* Extended scales (see ../extscale.py): fp16 NaN bit patterns with bit 9 clear and a non-zero
+ * payload p carry +-2^(15 + p/4) * (1 + (p & 3)/4), for finite blocks beyond the fp16 range. */
+static inline int is_ext(uint16_t h) { return (h & 0x7E00u) == 0x7C00u && (h & 0x1FFu) != 0; }
+
+static inline float scale_value(uint16_t h) {
+    if ((h & 0x7C00u) != 0x7C00u || !is_ext(h)) return (float)h_from(h);
+    uint32_t p = h & 0x1FFu, mag = (((p >> 2) + 142u) << 23) | ((p & 3u) << 21);
+    float v;
+    memcpy(&v, &mag, 4);
+    return (h & 0x8000u) ? -v : v;
+}
+
+/* The extended scale for the finite float32 scale s32: the smallest 2-significant-bit value
+ * >= |s32|, with s32's sign; its value into *s. */
+static inline uint16_t ext_scale(float s32, float *s) {
+    uint32_t b;
+    memcpy(&b, &s32, 4);
+    uint32_t mag = ((b & 0x7FFFFFFFu) + 0x1FFFFFu) & 0x7FE00000u;
+    float v;
+    memcpy(&v, &mag, 4);
+    *s = (b >> 31) ? -v : v;
+    return (uint16_t)(((b >> 31) << 15) | 0x7C00u | (((mag >> 23) - 142u) << 2) | ((mag >> 21) & 3u));
+}
+
+#if defined(__AVX2__) && defined(__F16C__) && !defined(QR_NO_SIMD)
+#include "qr_avx2.h"
+#endif
 
 static void load_row(const void *in, int in_type, int64_t start, int64_t n, float *buf) {
     int64_t avail = n - start;
@@ -97,6 +124,35 @@ static inline uint16_t to_bf16(float f) { /* round to nearest even; NaN -> 0xFFF
     return (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
 }
 
+static inline int e2m1_index(float a) {
+    return (a > 0.25f) + (a > 0.75f) + (a > 1.25f) + (a > 1.75f) + (a > 2.5f) + (a > 3.5f) + (a > 5.0f)
+           + (a == 0.75f) + (a == 1.75f) + (a == 3.5f);
+}
+
+/* A finite block whose scale s32 (signed absmax / qmin, or absmax / 6) is beyond fp16: the
+ * extended scale, and codes capped so that no decoded value passes BF16_MAX. Rare: plain code. */
+static void encode_block_ext(int kind, int qmin, int qmax, int bias, const float *x, float s32, uint8_t *c,
+                             uint16_t *scale) {
+    float s;
+    *scale = ext_scale(s32, &s);
+    float cap = BF16_MAX / fabsf(s);
+    if (kind == 0) {
+        float hi = fminf((float)qmax, floorf(cap)), lo = fmaxf((float)qmin, -floorf(cap));
+        for (int j = 0; j < BLK; j++) {
+            float q = rintf(x[j] / s);
+            q = q < lo ? lo : (q > hi ? hi : q);
+            c[j] = (uint8_t)((int)q + bias);
+        }
+    } else {
+        float g = cap >= 6.0f ? 6.0f : 4.0f; /* cap >= 4.8 always (see extscale.fp4_cap) */
+        for (int j = 0; j < BLK; j++) {
+            float v = x[j] / s;
+            v = v < -g ? -g : (v > g ? g : v);
+            c[j] = (uint8_t)(e2m1_index(fabsf(v)) | ((v < 0.0f) << 3));
+        }
+    }
+}
+
 /* Portable per-block encoder: scale (fp16 bits into *scale) and codes of one 32-value block. */
 __attribute__((unused)) static void encode_block_scalar(int kind, int qmin, int qmax, int bias, const float *x, uint8_t *c, uint16_t *scale) {
     /* |x| as integer bits: order-preserving for non-negative floats, so the max
@@ -116,14 +172,13 @@ __attribute__((unused)) static void encode_block_scalar(int kind, int qmin, int 
     _Float16 h = 0;
     int bad = !finite;
     if (!bad) {
-        if (kind == 0) {
-            float s32 = x[bi] / (float)qmin;
-            h = (_Float16)s32;
-            if (fabsf((float)h) < fabsf(s32)) h = h_from((uint16_t)(h_bits(h) + 1u)); /* away from 0 */
-        } else {
-            h = (_Float16)(best / 6.0f);
+        float s32 = kind == 0 ? x[bi] / (float)qmin : best / 6.0f;
+        h = (_Float16)s32;
+        if (kind == 0 && fabsf((float)h) < fabsf(s32)) h = h_from((uint16_t)(h_bits(h) + 1u)); /* away from 0 */
+        if (isinf((float)h)) {
+            encode_block_ext(kind, qmin, qmax, bias, x, s32, c, scale);
+            return;
         }
-        if (isinf((float)h)) bad = 1;
     }
     if (bad) {
         memset(c, 0, BLK);
@@ -143,10 +198,8 @@ __attribute__((unused)) static void encode_block_scalar(int kind, int qmin, int 
         }
     } else {
         for (int j = 0; j < BLK; j++) {
-            float v = x[j] / s, a = fabsf(v);
-            int idx = (a > 0.25f) + (a > 0.75f) + (a > 1.25f) + (a > 1.75f) + (a > 2.5f) + (a > 3.5f) + (a > 5.0f)
-                      + (a == 0.75f) + (a == 1.75f) + (a == 3.5f);
-            c[j] = (uint8_t)(idx | ((v < 0.0f) << 3));
+            float v = x[j] / s;
+            c[j] = (uint8_t)(e2m1_index(fabsf(v)) | ((v < 0.0f) << 3));
         }
     }
 }
@@ -172,8 +225,13 @@ static void encode_row(const float *buf, int kind, int bits, uint8_t *orow, int6
     simd_row_absmax(buf, amax, mbits);
     simd_row_scales(kind, qmin, amax, mbits, scales, s, bad);
     for (int b = 0; b < NBLK; b++) {
-        if (bad[b]) memset(codes + b * BLK, 0, BLK);
-        else simd_block_codes(kind, qmin, qmax, bias, buf + b * BLK, s[b], codes + b * BLK);
+        if (!bad[b])
+            simd_block_codes(kind, qmin, qmax, bias, buf + b * BLK, s[b], codes + b * BLK);
+        else if (mbits[b] < 0x7F800000) /* finite, scale beyond fp16 */
+            encode_block_ext(kind, qmin, qmax, bias, buf + b * BLK,
+                             kind == 0 ? amax[b] / (float)qmin : fabsf(amax[b]) / 6.0f, codes + b * BLK, scales + b);
+        else
+            memset(codes + b * BLK, 0, BLK);
     }
 #else
     for (int b = 0; b < NBLK; b++) encode_block_scalar(kind, qmin, qmax, bias, buf + b * BLK, codes + b * BLK, scales + b);
@@ -181,10 +239,30 @@ static void encode_row(const float *buf, int kind, int bits, uint8_t *orow, int6
     pack_planes(codes, kind == 0 ? bits : 4, orow);
 }
 
-/* kind 0: symmetric integer (bits 3..8), kind 1: FP4 E2M1, 2/3/4: FP with a bf16/fp16/fp32 wire. in_type 0 f32, 1 bf16, 2 f16. */
-void qr_encode(const void *in, int in_type, int64_t n, int64_t rows, int kind, int bits,
-               uint8_t *out, int64_t row_bytes, int64_t code_bytes) {
+/* 1 when (kind, bits, row_bytes, code_bytes) is a wire layout this file writes and reads. */
+static int layout_ok(int kind, int bits, int64_t row_bytes, int64_t code_bytes) {
+    if (kind == 0 && (bits == 3 || bits == 4 || bits == 6 || bits == 8))
+        return code_bytes == ROW * bits / 8 && row_bytes == code_bytes + NBLK * 2;
+    if (kind == 1) return bits == 4 && code_bytes == ROW / 2 && row_bytes == code_bytes + NBLK * 2;
+    if (kind == 2 || kind == 3) return code_bytes == 2 * ROW && row_bytes == code_bytes;
+    if (kind == 4) return code_bytes == 4 * ROW && row_bytes == code_bytes;
+    return 0;
+}
+
+/* rows * row_bytes <= bytes, without overflow (rows, row_bytes >= 0). */
+static int fits(int64_t rows, int64_t row_bytes, int64_t bytes) {
+    return rows >= 0 && bytes >= 0 && (rows == 0 || row_bytes <= bytes / rows);
+}
+
+/* kind 0: symmetric integer (bits 3, 4, 6, 8), kind 1: FP4 E2M1, 2/3/4: FP with a bf16/fp16/fp32 wire.
+ * in_type 0 f32, 1 bf16, 2 f16. out_bytes: the size of out. Returns 0, or -1 (nothing touched) when
+ * the arguments do not describe buffers this call can fill: the Python wrapper checks first. */
+int qr_encode(const void *in, int in_type, int64_t n, int64_t rows, int kind, int bits,
+              uint8_t *out, int64_t row_bytes, int64_t code_bytes, int64_t out_bytes) {
     float buf[ROW];
+    if (!layout_ok(kind, bits, row_bytes, code_bytes) || in_type < 0 || in_type > 2 || n < 0
+        || !fits(rows, row_bytes, out_bytes))
+        return -1;
     if (kind == 4) { /* FP codec, fp32 wire: the raw fp32 values (16-bit input widens exactly) */
         for (int64_t r = 0; r < rows; r++) {
             float *o = (float *)(out + r * row_bytes);
@@ -197,7 +275,7 @@ void qr_encode(const void *in, int in_type, int64_t n, int64_t rows, int kind, i
                 memcpy(o, buf, sizeof buf);
             }
         }
-        return;
+        return 0;
     }
     if (kind >= 2) { /* FP codec: the raw 16-bit values (kind 2: bf16 wire, kind 3: fp16 wire) */
         for (int64_t r = 0; r < rows; r++) {
@@ -211,20 +289,21 @@ void qr_encode(const void *in, int in_type, int64_t n, int64_t rows, int kind, i
             load_row(in, in_type, r * ROW, n, buf);
             encode_row(buf, kind, bits, (uint8_t *)o, 0);
         }
-        return;
+        return 0;
     }
     for (int64_t r = 0; r < rows; r++) {
 #ifdef QR_SIMD
         if (in_type == 1 && (r + 1) * ROW <= n) { /* full bf16 row: no fp32 copy of it */
             uint8_t codes[ROW], *orow = out + r * row_bytes;
-            if (!simd_encode_row_bf16((const uint16_t *)in + r * ROW, kind, bits, orow, code_bytes, codes))
-                pack_planes(codes, bits, orow);
-            continue;
+            int done = simd_encode_row_bf16((const uint16_t *)in + r * ROW, kind, bits, orow, code_bytes, codes);
+            if (done == 0) pack_planes(codes, bits, orow);
+            if (done >= 0) continue; /* < 0: a block needs the extended scale: the general path below */
         }
 #endif
         load_row(in, in_type, r * ROW, n, buf);
         encode_row(buf, kind, bits, out + r * row_bytes, code_bytes);
     }
+    return 0;
 }
 
 /* 1 when this build uses the AVX2/F16C intrinsics of qr_avx2.h (for benchmark labels). */
@@ -259,7 +338,7 @@ static void decode_row(const uint8_t *row, int kind, int bits, int64_t code_byte
     uint16_t scales[NBLK];
     memcpy(scales, row + code_bytes, sizeof scales);
     for (int b = 0; b < NBLK; b++) {
-        float s = (float)h_from(scales[b]);
+        float s = scale_value(scales[b]);
         const uint8_t *c = codes + b * BLK;
         float *v = vals + b * BLK;
 #ifdef QR_SIMD
@@ -273,10 +352,25 @@ static void decode_row(const uint8_t *row, int kind, int bits, int64_t code_byte
     }
 }
 
-/* out_type 0: fp32 (accumulate: add into out), 1: bf16, 2: fp16. Writes the first n values. */
-void qr_decode(const uint8_t *wire, int64_t rows, int kind, int bits, int64_t row_bytes, int64_t code_bytes,
-               void *out, int64_t n, int accumulate, int out_type) {
+/* Quantized values bound for fp16: |v| in (65504, 65536) -> +-65504 (see fast.saturate_f16). */
+static void saturate_f16(float *v, int64_t m) {
+    for (int64_t i = 0; i < m; i++) {
+        float a = fabsf(v[i]);
+        v[i] = (a > F16_MAX && a < 65536.0f) ? copysignf(F16_MAX, v[i]) : v[i];
+    }
+}
+
+/* out_type 0: fp32 (accumulate: add into out), 1: bf16, 2: fp16. Writes the first n values;
+ * quantized kinds saturate fp16 output as saturate_f16. wire_bytes / out_len: the sizes of wire
+ * (bytes) and out (values). Returns 0, or -1 (nothing touched) when n needs more rows than the
+ * wire holds, more values than out holds, or the layout is not one of ours. */
+int qr_decode(const uint8_t *wire, int64_t rows, int kind, int bits, int64_t row_bytes, int64_t code_bytes,
+              void *out, int64_t n, int accumulate, int out_type, int64_t wire_bytes, int64_t out_len) {
     float vals[ROW];
+    if (!layout_ok(kind, bits, row_bytes, code_bytes) || out_type < 0 || out_type > 2 || n < 0 || n > out_len
+        || !fits(rows, row_bytes, wire_bytes) || rows > INT64_MAX / ROW || n > rows * ROW
+        || (accumulate && out_type != 0))
+        return -1;
     for (int64_t r = 0; r < rows; r++) {
         const uint8_t *row = wire + r * row_bytes;
         int64_t start = r * ROW;
@@ -309,6 +403,7 @@ void qr_decode(const uint8_t *wire, int64_t rows, int kind, int bits, int64_t ro
         } else {
             _Float16 *o = (_Float16 *)out + start;
             int64_t i = 0;
+            if (kind <= 1) saturate_f16(vals, m);
 #ifdef QR_SIMD
             simd_to_f16(vals, (uint16_t *)o, m);
             i = m & ~(int64_t)7;
@@ -316,23 +411,36 @@ void qr_decode(const uint8_t *wire, int64_t rows, int kind, int bits, int64_t ro
             for (; i < m; i++) o[i] = (_Float16)vals[i];
         }
     }
+    return 0;
 }
 
 /* The middle of the two-shot all-reduce, fused per row: decode the nw contributions of a segment,
  * add them in fp32 in the given order (the first one, then += each next: the same additions as
- * decode + decode(accumulate)), clamp float16 sums to +-clamp when clamp > 0 (NaN stays NaN, as
- * torch.clamp), and encode the sum into out. The fp32 sum never leaves L1. */
-void qr_reduce(const uint8_t *const *wires, int nw, int64_t rows, int kind, int bits, int64_t row_bytes,
-               int64_t code_bytes, float clamp, uint8_t *out) {
+ * decode + decode(accumulate)), when clamp > 0 (float16 input) saturate each contribution as
+ * saturate_f16 and bound the sums as fast.fp16_sums (|sum| >=
+ * 65520 -> +-clamp, (65504, 65520) -> +-65504, NaN stays NaN), and encode the sum into out. The
+ * fp32 sum never leaves L1. wire_bytes[j] / out_bytes: the buffers' sizes. Returns 0, or -1
+ * (nothing touched) when a wire or out is shorter than rows rows or the layout is not ours. */
+int qr_reduce(const uint8_t *const *wires, int nw, int64_t rows, int kind, int bits, int64_t row_bytes,
+              int64_t code_bytes, float clamp, uint8_t *out, const int64_t *wire_bytes, int64_t out_bytes) {
     float acc[ROW], vals[ROW];
+    if (nw < 1 || !layout_ok(kind, bits, row_bytes, code_bytes) || !fits(rows, row_bytes, out_bytes)) return -1;
+    for (int j = 0; j < nw; j++)
+        if (!fits(rows, row_bytes, wire_bytes[j])) return -1;
     for (int64_t r = 0; r < rows; r++) {
         decode_row(wires[0] + r * row_bytes, kind, bits, code_bytes, acc, ROW);
+        if (clamp > 0) saturate_f16(acc, ROW); /* an fp16 input's value is within fp16 range */
         for (int j = 1; j < nw; j++) {
             decode_row(wires[j] + r * row_bytes, kind, bits, code_bytes, vals, ROW);
+            if (clamp > 0) saturate_f16(vals, ROW);
             for (int i = 0; i < ROW; i++) acc[i] += vals[i];
         }
         if (clamp > 0)
-            for (int i = 0; i < ROW; i++) acc[i] = acc[i] < -clamp ? -clamp : (acc[i] > clamp ? clamp : acc[i]);
+            for (int i = 0; i < ROW; i++) {
+                float a = fabsf(acc[i]);
+                acc[i] = a >= 65520.0f ? copysignf(clamp, acc[i]) : (a > F16_MAX ? copysignf(F16_MAX, acc[i]) : acc[i]);
+            }
         encode_row(acc, kind, bits, out + r * row_bytes, code_bytes);
     }
+    return 0;
 }
