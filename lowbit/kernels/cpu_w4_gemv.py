@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import a16_call, cbuild
+from . import a16_call, cbuild, native_act
 from .params import KernelError, LinearParams
 
 CHUNK = 64  # input channels per 32-byte chunk of codes
@@ -35,6 +35,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.w4_linear.argtypes = [vp, vp, vp, i64, i64, i64, i64, i64, vp, ci, i64, vp, ci, ci]
     lib.w4_linear.restype = ci
     lib.w4_gemv_codes.argtypes = [vp, vp, vp, i64, i64, i64, i64, vp, vp, vp, i64, vp, ci]
+    native_act.bind(lib.w4_act_sym)
 
 
 _LIB = cbuild.NativeLibrary(Path(__file__).with_name("csrc") / "w4_gemv.c", cbuild.KERNEL_FLAG_SETS, _bind)
@@ -155,11 +156,30 @@ def run_codes(codes: torch.Tensor, scale: torch.Tensor, w: W4GemvPrepared, lib: 
         raise ValueError(f"w4 native kernel: scale must be [{t}, {ng}] (tokens, groups), got {tuple(scale.shape)}")
     xq = F.pad(codes.to(torch.int16), (0, w.k_pad - n)).contiguous()
     xsum = F.pad(xq, (0, ng * w.group - w.k_pad)).reshape(t, ng, w.group).sum(-1, dtype=torch.int32)
-    sx = scale.float().contiguous()
+    return _gemv_codes(lib, xq, scale.float().contiguous(), xsum.contiguous(), w)
+
+
+def _gemv_codes(lib, xq: torch.Tensor, sx: torch.Tensor, xsum: torch.Tensor, w: W4GemvPrepared) -> torch.Tensor:
+    """The C call on codes already laid out: xq int16 [t, kp], sx float32 / xsum int32 [t, groups]."""
+    t, ng = xq.shape[0], w.scale.shape[1]
     out_pad = 4 * w.scale.shape[0]
     y = torch.empty(t, out_pad)
     if t:
         lib.w4_gemv_codes(w.packed.data_ptr(), w.scale.data_ptr(), w.zero.data_ptr(), out_pad, w.k_pad, w.group, ng,
-                          xq.data_ptr(), sx.data_ptr(), xsum.contiguous().data_ptr(), t, y.data_ptr(),
-                          torch.get_num_threads())
+                          xq.data_ptr(), sx.data_ptr(), xsum.data_ptr(), t, y.data_ptr(), torch.get_num_threads())
     return y[:, :w.out] if out_pad != w.out else y
+
+
+def quantize_and_run(x: torch.Tensor, w: W4GemvPrepared, n_outliers: int, bits: int, clip: float,
+                     lib: ctypes.CDLL | None = None) -> tuple[torch.Tensor, native_act.NativeCodes]:
+    """W4A4's normal channels in two C calls: ``x [t, in]`` (outlier channels last) → per-token
+    symmetric ``bits``-bit codes per weight group (:mod:`.native_act`) → the GEMV; returns ``[t,
+    out]`` float32 (no bias) and the codes (the caller's outlier product needs them)."""
+    lib = lib or library()
+    if lib is None:
+        raise KernelError("w4 native kernel: no C compiler could build it")
+    if x.dim() != 2 or x.shape[1] != w.n_in + n_outliers:
+        raise ValueError(f"w4 native kernel: activations must be [tokens, {w.n_in + n_outliers}], got {tuple(x.shape)}")
+    ng = w.scale.shape[1]
+    c = native_act.symmetric_codes(lib.w4_act_sym, x, n_outliers, w.group, ng, w.k_pad, bits, clip)
+    return _gemv_codes(lib, c.xq, c.scale, c.xsum, w), c

@@ -147,14 +147,19 @@ def matmul_int(a: IntActivation, w: W4A4Prepared) -> torch.Tensor:
     return y + w.bias if w.bias is not None else y
 
 
-def _matmul_native(a: IntActivation, w: W4A4NativePrepared) -> torch.Tensor:
-    y = cpu_w4_gemv.run_codes(a.codes, a.scale, w.normal)
-    if w.outlier.shape[0]:
+def _run_native(x: torch.Tensor, w: W4A4NativePrepared) -> torch.Tensor:
+    """Codes and the normal channels' GEMV in C (the same codes as :func:`quantize_tokens`), then
+    the INT8 outliers' exact product."""
+    k = w.outlier.shape[0]
+    y, c = cpu_w4_gemv.quantize_and_run(x, w.normal, k, w.act.bits, w.act.clip)
+    if k:
+        a = IntActivation(c.xq, c.scale, c.outlier, c.outlier_scale)
         y.addcmul_(_outliers_float(a, w).float() * a.outlier_scale[:, None], w.outlier_scale)
     return y + w.bias if w.bias is not None else y
 
 
 def run(x: torch.Tensor, w) -> torch.Tensor:
+    if w.method == "native":
+        return _run_native(x, w)
     k = w.outlier.shape[1] if w.method == "int_mm" else w.outlier.shape[0]
-    a = quantize_tokens(x, w.act, k)
-    return _matmul_native(a, w) if w.method == "native" else matmul_int(a, w)
+    return matmul_int(quantize_tokens(x, w.act, k), w)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import a16_call, cbuild
+from . import a16_call, cbuild, native_act
 from .params import KernelError
 
 CHUNK = 32  # input channels per 32-byte chunk of codes
@@ -30,6 +30,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.w8_gemv_codes.argtypes = [vp, vp, i64, i64, vp, vp, i64, vp, ctypes.c_int]
     lib.w8_linear.argtypes = [vp, vp, i64, i64, i64, vp, ctypes.c_int, i64, vp, ctypes.c_int, ctypes.c_int]
     lib.w8_linear.restype = ctypes.c_int
+    native_act.bind(lib.w8_act_sym)
 
 
 _LIB = cbuild.NativeLibrary(Path(__file__).with_name("csrc") / "w8_gemv.c", cbuild.KERNEL_FLAG_SETS, _bind)
@@ -92,10 +93,26 @@ def run_codes(codes: torch.Tensor, scale: torch.Tensor, w: W8GemvPrepared, lib: 
     if scale.numel() != t:
         raise ValueError(f"w8 native kernel: scale must hold one value per token ({t}), got {tuple(scale.shape)}")
     xq = F.pad(codes.to(torch.int16), (0, w.k_pad - w.n_in)).contiguous()
-    sx = scale.float().contiguous()
-    out_pad = w.scale.shape[0]
+    return _gemv_codes(lib, xq, scale.float().contiguous(), w)
+
+
+def _gemv_codes(lib, xq: torch.Tensor, sx: torch.Tensor, w: W8GemvPrepared) -> torch.Tensor:
+    t, out_pad = xq.shape[0], w.scale.shape[0]
     y = torch.empty(t, out_pad)
     if t:
         lib.w8_gemv_codes(w.packed.data_ptr(), w.scale.data_ptr(), out_pad, w.k_pad, xq.data_ptr(), sx.data_ptr(),
                           t, y.data_ptr(), torch.get_num_threads())
     return y[:, :w.out] if out_pad != w.out else y
+
+
+def quantize_and_run(x: torch.Tensor, w: W8GemvPrepared, bits: int, clip: float,
+                     lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """W8A8 in two C calls: ``x [t, in]`` → per-token symmetric ``bits``-bit codes (:mod:`.native_act`)
+    → the GEMV; ``[t, out]`` float32 (no bias)."""
+    lib = lib or library()
+    if lib is None:
+        raise KernelError("w8 native kernel: no C compiler could build it")
+    if x.dim() != 2 or x.shape[1] != w.n_in:
+        raise ValueError(f"w8 native kernel: activations must be [tokens, {w.n_in}], got {tuple(x.shape)}")
+    c = native_act.symmetric_codes(lib.w8_act_sym, x, 0, w.n_in, 1, w.k_pad, bits, clip)
+    return _gemv_codes(lib, c.xq, c.scale, w)

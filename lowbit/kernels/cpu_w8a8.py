@@ -82,9 +82,9 @@ def int_product(codes: torch.Tensor, w: W8A8Prepared) -> torch.Tensor:
 
 
 def run(x: torch.Tensor, w) -> torch.Tensor:
-    a = quantize_tokens(x, w.act)
-    if w.method == "native":  # float(P) * (x_scale * w_scale): the float method's rescale, in C
-        y = cpu_w8_gemv.run_codes(a.codes, a.scale, w.weight)
+    if w.method == "native":  # codes and float(P) * (x_scale * w_scale) in C: the float method's bits
+        y = cpu_w8_gemv.quantize_and_run(x, w.weight, w.act.bits, w.act.clip)
     else:
+        a = quantize_tokens(x, w.act)
         y = int_product(a.codes, w).float() * (a.scale * w.scale[None, :])
     return y + w.bias if w.bias is not None else y

@@ -28,6 +28,7 @@
 #endif
 #define ACT_SIMD W8_SIMD
 #include "act_int16.h"
+#include "act_sym.h"
 
 /* int16 activation codes per block: |P| <= 256 * 127 * 32767 < 2^31 */
 #define A16_BLOCK 256
@@ -171,4 +172,10 @@ int w8_linear(const int8_t *w, const float *s, int64_t out, int64_t kp, int64_t 
     struct w8_weight m = {w, s, out, kp};
     return a16_linear(w8_a16_gemv, &m, out, k, kp, A16_BLOCK, (kp + A16_BLOCK - 1) / A16_BLOCK, 0, x, x_bf16, t, y,
                       y_bf16, threads);
+}
+
+/* The integer kinds' activation codes (act_sym.h) for this library's callers; see act_sym_tokens. */
+int64_t w8_act_sym(const void *x, int bf16, int64_t t, int64_t n_in, int64_t n, int64_t group, int64_t ng, int64_t kp,
+                     int bits, float clip, int16_t *xq, float *sx, int32_t *xsum, int16_t *oq, float *osx) {
+    return act_sym_tokens(x, bf16, t, n_in, n, group, ng, kp, bits, clip, xq, sx, xsum, oq, osx);
 }

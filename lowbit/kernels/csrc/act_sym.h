@@ -1,0 +1,71 @@
+/* Dynamic per-token symmetric activation codes for the integer kernels (W4A4, W8A8), the same bits
+ * as lowbit/kernels/act_quant.py: per block, the scale is the block's signed absmax (the first of
+ * equal magnitudes, as torch.argmax) times clip over -2^(bits-1) (1 when that is 0), and the codes
+ * are x / scale rounded half to even and clamped to [-2^(bits-1), 2^(bits-1) - 1]. In torch this is
+ * a dozen operator calls per linear, each a pass over the activations and a thread fork/join; here
+ * it is one pass per block, and the codes come out as the int16 rows the GEMV kernels read. */
+#ifndef LOWBIT_ACT_SYM_H
+#define LOWBIT_ACT_SYM_H
+#include <math.h>
+#include <stdint.h>
+
+#include "bf16.h"
+
+static inline float act_sym_at(const void *x, int bf16, int64_t j) {
+    return bf16 ? bf16_to_f32(((const uint16_t *)x)[j]) : ((const float *)x)[j];
+}
+
+/* Codes of x[a:b] into q[0:b-a]; their sum into *sum; the scale returned (NaN if a value is not finite). */
+static float act_sym_block(const void *x, int bf16, int64_t a, int64_t b, int bits, float clip, int16_t *q,
+                           int32_t *sum) {
+    float best = -1.f, v = 0.f;
+    for (int64_t j = a; j < b; j++) {
+        float xv = act_sym_at(x, bf16, j);
+        if (!isfinite(xv)) return NAN;
+        if (fabsf(xv) > best) best = fabsf(xv), v = xv;
+    }
+    const float lo = -(float)(1 << (bits - 1)), hi = (float)((1 << (bits - 1)) - 1);
+    float s = v * clip / lo;
+    if (s == 0.f) s = 1.f;
+    int32_t acc = 0;
+    for (int64_t j = a; j < b; j++) {
+        float c = nearbyintf(act_sym_at(x, bf16, j) / s);
+        c = c < lo ? lo : (c > hi ? hi : c);
+        q[j - a] = (int16_t)c;
+        acc += (int32_t)c;
+    }
+    *sum = acc;
+    return s;
+}
+
+/* x [t, n_in] (float32, or bfloat16 when bf16), outlier channels last (n_in - n of them):
+ * the n normal channels in groups of `group` (ng groups) -> xq [t, kp] int16 (zero padded past n),
+ * sx [t, ng] scales and xsum [t, ng] code sums; the outliers as INT8 codes per token -> oq [t, n_in
+ * - n] int16 and osx [t]. Returns the number of tokens with a NaN/Inf value (0: all written). */
+static int64_t act_sym_tokens(const void *x, int bf16, int64_t t, int64_t n_in, int64_t n, int64_t group, int64_t ng,
+                              int64_t kp, int bits, float clip, int16_t *xq, float *sx, int32_t *xsum, int16_t *oq,
+                              float *osx) {
+    int64_t bad = 0;
+    const int64_t k = n_in - n;
+    for (int64_t i = 0; i < t; i++) {
+        int ok = 1;
+        int16_t *qr = xq + i * kp;
+        for (int64_t g = 0; g < ng; g++) {
+            int64_t a = g * group, b = a + group < n ? a + group : n;
+            float s = act_sym_block(x, bf16, i * n_in + a, i * n_in + b, bits, clip, qr + a, xsum + i * ng + g);
+            ok &= !isnan(s);
+            sx[i * ng + g] = s;
+        }
+        for (int64_t j = n; j < kp; j++) qr[j] = 0;
+        if (k > 0) {
+            int32_t unused;
+            osx[i] = act_sym_block(x, bf16, i * n_in + n, (i + 1) * n_in, 8, 1.f, oq + i * k, &unused);
+            ok &= !isnan(osx[i]);
+        } else {
+            osx[i] = 1.f;
+        }
+        bad += !ok;
+    }
+    return bad;
+}
+#endif
