@@ -12,6 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from lowbit.commands.argtypes import codec_list, nonneg_int, positive_float, positive_int, size_list
+
 ALL_CODECS = "fp,int8,int6,int4,int3,fp4"
 
 
@@ -33,18 +35,18 @@ def parse_sizes(text: str, factor: int = 4) -> list[int]:
 
 def register(kinds) -> None:
     p = kinds.add_parser("allreduce", help="quantized vs plain all-reduce: latency, speedup, SQNR per size")
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--codecs", default=ALL_CODECS)
-    p.add_argument("--sizes", default="4K..256M", help="bytes per rank: 'LO..HI' (x4 steps) or a comma list")
-    p.add_argument("--size-factor", type=int, default=4)
+    p.add_argument("--world-size", type=positive_int, default=2)
+    p.add_argument("--codecs", type=codec_list, default=ALL_CODECS)
+    p.add_argument("--sizes", type=size_list, default="4K..256M", help="bytes per rank: 'LO..HI' (x4 steps) or a comma list")
+    p.add_argument("--size-factor", type=positive_int, default=4)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--repeats", type=int, default=5, help="timed calls per point (median), at least 5 for reports")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed calls per point (median), at least 5 for reports")
     p.add_argument("--no-metadata-check", action="store_true", help="skip the cross-rank size/dtype check")
     p.add_argument("--serial", action="store_true",
                    help="also time each codec with its rounds one after another (no pipelining), side by side")
-    p.add_argument("--link-gbit", type=float, default=None, help="rate-limit the ranks' link to N Gbit/s (root)")
-    p.add_argument("--timeout", type=float, default=600.0, help="process-group timeout, seconds")
-    p.add_argument("--accuracy-elements", type=int, default=1 << 20,
+    p.add_argument("--link-gbit", type=positive_float, default=None, help="rate-limit the ranks' link to N Gbit/s (root)")
+    p.add_argument("--timeout", type=positive_float, default=600.0, help="process-group timeout, seconds")
+    p.add_argument("--accuracy-elements", type=nonneg_int, default=1 << 20,
                    help="values per rank in the accuracy table (exact float64 sum, error bound); 0 skips it")
     p.add_argument("--out", type=Path, default=Path("bench_out/allreduce"))
     p.add_argument("--label", default="", help=argparse.SUPPRESS)
@@ -54,7 +56,7 @@ def register(kinds) -> None:
 def _rerun_in_namespace(args) -> int:
     import subprocess
 
-    from lowbit.comm.netns import NetnsError, shaped_namespace
+    from lowbit.comm.netns import shaped_namespace
 
     rest = ["bench", "allreduce", "--world-size", str(args.world_size), "--codecs", args.codecs, "--sizes", args.sizes,
             "--accuracy-elements", str(args.accuracy_elements),
@@ -65,12 +67,8 @@ def _rerun_in_namespace(args) -> int:
     if args.serial:
         rest.append("--serial")
     code = f"import sys; from lowbit.cli import main; sys.exit(main({rest!r}))"
-    try:
-        with shaped_namespace(args.link_gbit) as prefix:
-            return subprocess.run([*prefix, sys.executable, "-c", code]).returncode
-    except NetnsError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    with shaped_namespace(args.link_gbit) as prefix:  # a NetnsError is reported by lowbit.cli
+        return subprocess.run([*prefix, sys.executable, "-c", code]).returncode
 
 
 def summarize(rows: list[dict], world: int) -> tuple[list[dict], dict]:
@@ -116,14 +114,29 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def _check(args) -> None:
+    """Arguments argparse cannot check alone, before any rank starts."""
+    from lowbit.comm.launch import under_torchrun
+    from lowbit.errors import UsageError
+    from lowbit.io.outputs import check_output_dir
+
+    if args.size_factor < 2:
+        raise UsageError(f"--size-factor must be >= 2, got {args.size_factor}")
+    parse_sizes(args.sizes, args.size_factor)
+    if args.world_size < 2 and not under_torchrun():
+        raise UsageError("--world-size must be >= 2")
+    check_output_dir(args.out, "--out")
+
+
 def run(args) -> int:
+    _check(args)
     if args.link_gbit is not None:
         return _rerun_in_namespace(args)
     from rich.console import Console
     from rich.table import Table
 
     from lowbit.comm.codecs import get_codec
-    from lowbit.comm.launch import check_results, run_here_or_spawn, under_torchrun
+    from lowbit.comm.launch import check_results, run_here_or_spawn
     from lowbit.comm.measure import allreduce_sweep
 
     from .report import fmt_bytes, write_csv, write_json
@@ -132,10 +145,6 @@ def run(args) -> int:
     for c in codecs:
         get_codec(c)
     sizes = parse_sizes(args.sizes, args.size_factor)
-    if args.world_size < 2 and not under_torchrun():
-        raise SystemExit("error: --world-size must be >= 2")
-    if args.repeats < 1:
-        raise SystemExit("error: --repeats must be >= 1")
     res = check_results(run_here_or_spawn(
         allreduce_sweep, args.world_size, sizes, codecs, args.dtype, args.repeats, not args.no_metadata_check, args.serial,
         timeout_s=args.timeout, deadline_s=24 * 3600,

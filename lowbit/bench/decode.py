@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lowbit.commands.argtypes import int_list, nonneg_int, positive_int
+
 FORMATS = ("fp32", "bf16", "w8a8", "w4a16", "w4a4", "w4a4-kv4")
 
 
@@ -23,14 +25,14 @@ def register(kinds) -> None:
     p = kinds.add_parser("decode", help="generation tokens/s per format and batch, memory, weight and KV bytes")
     p.add_argument("--model", default="default")
     p.add_argument("--formats", default=",".join(FORMATS))
-    p.add_argument("--batches", default="1,8,32")
-    p.add_argument("--prompt", type=int, default=128, help="prompt tokens")
-    p.add_argument("--new", type=int, default=128, help="generated tokens")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--batches", type=int_list, default="1,8,32")
+    p.add_argument("--prompt", type=positive_int, default=128, help="prompt tokens")
+    p.add_argument("--new", type=positive_int, default=128, help="generated tokens")
+    p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--calib", default="4x128", help="calibration SAMPLESxSEQLEN (tiny: only speed is measured)")
     p.add_argument("--gptq", action="store_true", help="use the presets' GPTQ instead of RTN (slower to quantize)")
     p.add_argument("--kernel", default=None, choices=["auto", "reference", "cpu", "triton"])
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave as is)")
+    p.add_argument("--threads", type=nonneg_int, default=0, help="torch threads (0 = leave as is)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--stock-ops", action="store_true",
                    help="keep PyTorch's norms, rotary embedding and attention instead of lowbit's native "
@@ -136,6 +138,8 @@ def run(args) -> int:
     from tqdm.auto import tqdm
 
     from lowbit.data import calibration_ids
+    from lowbit.errors import UsageError
+    from lowbit.io.outputs import check_output_dir
     from lowbit.models import load_model
 
     from . import machine
@@ -146,9 +150,9 @@ def run(args) -> int:
     formats = list(dict.fromkeys(["fp32", "bf16"] + [f.strip() for f in args.formats.split(",") if f.strip()]))
     bad = [f for f in formats if f not in FORMATS]
     batches = [int(b) for b in args.batches.split(",")]
-    if bad or args.repeats < 1 or args.new < 2 or args.prompt < 1 or any(b < 1 for b in batches):
-        console.print(f"[red]bad arguments: formats {bad} (choose {', '.join(FORMATS)}), repeats >= 1, new >= 2[/red]")
-        return 2
+    if bad or args.new < 2:
+        raise UsageError(f"--formats {','.join(bad)}: choose from {', '.join(FORMATS)}" if bad else "--new must be >= 2")
+    check_output_dir(args.out, "--out")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

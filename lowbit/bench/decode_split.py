@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lowbit.commands.argtypes import nonneg_int, positive_int
+
 
 def register(kinds) -> None:
     from .decode import FORMATS
@@ -18,12 +20,12 @@ def register(kinds) -> None:
     p = kinds.add_parser("decode-split", help="decode step time split: decoder linears, LM head, the rest")
     p.add_argument("--model", default="default")
     p.add_argument("--formats", default="bf16,w4a16", help=f"comma list of {', '.join(FORMATS)}")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--prompt", type=int, default=128)
-    p.add_argument("--new", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--batch", type=positive_int, default=1)
+    p.add_argument("--prompt", type=positive_int, default=128)
+    p.add_argument("--new", type=positive_int, default=64)
+    p.add_argument("--repeats", type=positive_int, default=3)
     p.add_argument("--calib", default="4x128")
-    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--threads", type=nonneg_int, default=0)
     p.add_argument("--stock-ops", action="store_true", help="PyTorch's norms, rotary and attention (as bench decode's)")
     p.add_argument("--out", type=Path, default=Path("bench_out/decode_split"))
     p.set_defaults(func=run, gptq=False, kernel=None, device="cpu")
@@ -64,6 +66,8 @@ def run(args) -> int:
     from rich.table import Table
 
     from lowbit.data import calibration_ids
+    from lowbit.errors import UsageError
+    from lowbit.io.outputs import check_output_dir
     from lowbit.models import load_model
 
     from .decode import FORMATS, _cache_for, _make_model
@@ -71,9 +75,10 @@ def run(args) -> int:
 
     console = Console()
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
-    if any(f not in FORMATS for f in formats) or args.batch < 1 or args.new < 2 or args.repeats < 1:
-        console.print(f"[red]bad arguments: formats from {', '.join(FORMATS)}, batch >= 1, new >= 2, repeats >= 1[/red]")
-        return 2
+    bad = [f for f in formats if f not in FORMATS]
+    if bad or not formats or args.new < 2:
+        raise UsageError(f"--formats {args.formats!r}: choose from {', '.join(FORMATS)}" if bad or not formats else "--new must be >= 2")
+    check_output_dir(args.out, "--out")
     if args.threads:
         torch.set_num_threads(args.threads)
     base, tok = load_model(args.model, dtype=torch.float32, device="cpu")

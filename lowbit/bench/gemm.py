@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lowbit.commands.argtypes import int_list, nonneg_int, positive_float, positive_int
+
 SHAPE_SETS = {  # (name, in_features, out_features)
     "default": [("q/o 576x576", 576, 576), ("k/v 576x192", 576, 192), ("gate/up 576x1536", 576, 1536),
                 ("down 1536x576", 1536, 576)],
@@ -30,7 +32,7 @@ def _methods() -> dict[str, tuple[str, ...]]:
 def register(kinds) -> None:
     p = kinds.add_parser("gemm", help="quantized linear kernels vs fp32/bf16 F.linear (time, GB/s, TFLOP/s, roofline)")
     p.add_argument("--shapes", default="default,llama7b", help=f"comma list of {', '.join(SHAPE_SETS)} or INxOUT")
-    p.add_argument("--batches", default="1,8,64,512")
+    p.add_argument("--batches", type=int_list, default="1,8,64,512")
     p.add_argument("--kernels", default=",".join(KERNELS),
                    help="fp32,bf16 and quantized kinds w4a16,w8a16,w8a8,w4a4; KIND@METHOD picks a CPU "
                         "method other than the default native kernel: w8a8/w4a4@float (exact products "
@@ -38,10 +40,10 @@ def register(kinds) -> None:
                         "VNNI/AMX), w4a16@int4pack / w8a16@int8pack (torch's int4 / int8 matmul)")
     p.add_argument("--kernel", default=None, choices=["auto", "reference", "cpu", "triton"],
                    help="force the implementation of the quantized kinds (default: LOWBIT_KERNEL or auto)")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave as is)")
+    p.add_argument("--repeats", type=positive_int, default=5)
+    p.add_argument("--threads", type=nonneg_int, default=0, help="torch threads (0 = leave as is)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--max-seconds", type=float, default=20.0,
+    p.add_argument("--max-seconds", type=positive_float, default=20.0,
                    help="skip further repeats of a row whose single call takes longer than this")
     p.add_argument("--out", type=Path, default=Path("bench_out/gemm"))
     p.set_defaults(func=run)
@@ -150,6 +152,8 @@ def run(args) -> int:
     from rich.console import Console
     from tqdm.auto import tqdm
 
+    from lowbit.errors import UsageError
+    from lowbit.io.outputs import check_output_dir
     from lowbit.kernels import from_float, prepare
 
     from . import machine
@@ -160,24 +164,18 @@ def run(args) -> int:
     console = Console(width=max(160, Console().width))
     dev = torch.device(args.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        console.print("[red]--device cuda but no CUDA device is available[/red]")
-        return 2
+        raise UsageError("--device cuda but no CUDA device is available")
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-    try:
-        shapes = parse_shapes(args.shapes)
-    except ValueError as e:
-        console.print(f"[red]{e}[/red]")
-        return 2
+    shapes = parse_shapes(args.shapes)
     batches = [int(b) for b in args.batches.split(",")]
     # the float baselines always run: a quantized kernel is judged against the faster of the two here
     kernels = list(dict.fromkeys(["fp32", "bf16"] + [k.strip() for k in args.kernels.split(",") if k.strip()]))
     methods = _methods()
     bad = [k for k in kernels if k.split("@")[0] not in KERNELS or ("@" in k and k.split("@")[1] not in methods.get(k.split("@")[0], ()))]
-    if bad or any(b < 1 for b in batches) or args.repeats < 1:
+    if bad or not kernels:
         methods = "; ".join(f"{k}@{'|'.join(m)}" for k, m in methods.items())
-        console.print(f"[red]bad arguments: kernels {bad} (choose {', '.join(KERNELS)}; methods {methods}), "
-                      "batches >= 1, repeats >= 1[/red]")
-        return 2
+        raise UsageError(f"--kernels {args.kernels!r}: choose from {', '.join(KERNELS)}; methods {methods}")
+    check_output_dir(args.out, "--out")
     copy_bw = _copy_bandwidth(dev, sync, args.repeats)
     rows = []
     total = len(shapes) * len(kernels)

@@ -1,7 +1,9 @@
 """Errors of the quantized all-reduce: one type per failure a caller may want to tell apart."""
 
+from lowbit.errors import LowbitError
 
-class AllReduceError(RuntimeError):
+
+class AllReduceError(LowbitError, RuntimeError):
     """The collective failed: a peer rank died, timed out or broke the connection."""
 
 

@@ -14,8 +14,10 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 
+from lowbit.errors import LowbitError
 
-class NetnsError(RuntimeError):
+
+class NetnsError(LowbitError, RuntimeError):
     """The shaped link cannot be set up (not root, no iproute2, kernel refused)."""
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from lowbit.commands.argtypes import positive_int
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -19,10 +21,10 @@ def register(sub) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct), a HF id or a directory")
-    p.add_argument("--samples", type=int, default=4, help="calibration sequences (WikiText-2 validation)")
-    p.add_argument("--seqlen", type=int, default=512, help="tokens per calibration sequence")
-    p.add_argument("--rows", type=int, default=256, help="activation rows kept per input site for SQNR")
-    p.add_argument("--top", type=int, default=10, help="outlier sites to list")
+    p.add_argument("--samples", type=positive_int, default=4, help="calibration sequences (WikiText-2 validation)")
+    p.add_argument("--seqlen", type=positive_int, default=512, help="tokens per calibration sequence")
+    p.add_argument("--rows", type=positive_int, default=256, help="activation rows kept per input site for SQNR")
+    p.add_argument("--top", type=positive_int, default=10, help="outlier sites to list")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG: SQNR against effective bits")
     p.set_defaults(func=run)
@@ -34,10 +36,11 @@ def run(args) -> int:
 
     from lowbit.eval.format_study import plot_study, run_study
     from lowbit.io.atomic import write_json
+    from lowbit.io.outputs import check_output_file
     from lowbit.models import load_model
 
-    if args.samples <= 0 or args.seqlen <= 0 or args.rows <= 0:
-        raise SystemExit("--samples, --seqlen and --rows must be positive")
+    check_output_file(args.json, "--json")
+    check_output_file(args.plot, "--plot")
     console = Console()
     model, tok = load_model(args.model)
     result = run_study(model, tok, samples=args.samples, seqlen=args.seqlen, keep_rows=args.rows)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from .argtypes import nonneg_int, positive_int
+
 
 def register(sub) -> None:
     from lowbit.quantize.presets import PRESETS
@@ -21,23 +23,64 @@ def register(sub) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="PART.FIELD=VALUE",
                    help="override a scheme field, e.g. outliers.count=64 (repeatable)")
     p.add_argument("--name", help="name of the resulting scheme (default: preset + overrides)")
-    p.add_argument("--tp", type=int, default=1, metavar="W",
+    p.add_argument("--tp", type=positive_int, default=1, metavar="W",
                    help="quantize for W tensor-parallel ranks: o_proj/down_proj get outliers, groups and GPTQ local to "
                    "each rank's input slice, so `lowbit eval --tp W` can run the checkpoint sharded")
     p.add_argument("--from-disk", action="store_true",
                    help="keep the decoder layers on disk and load one at a time (peak memory: embeddings + one float "
                    "layer + the quantized layers), for models larger than memory; needs a safetensors folder")
     p.add_argument("--out", help="write the quantized checkpoint here (safetensors + lowbit_config.json)")
-    p.add_argument("--samples", type=int, default=128, help="calibration sequences (Atom: 128; use ~16 on a CPU)")
-    p.add_argument("--seqlen", type=int, default=2048, help="tokens per calibration sequence (Atom: 2048)")
+    p.add_argument("--samples", type=positive_int, default=128, help="calibration sequences (Atom: 128; use ~16 on a CPU)")
+    p.add_argument("--seqlen", type=positive_int, default=2048, help="tokens per calibration sequence (Atom: 2048)")
     p.add_argument("--device", default="cpu", help="where calibration, GPTQ and the comparison run: cpu, cuda or cuda:N")
-    p.add_argument("--threads", type=int, help="torch CPU threads")
-    p.add_argument("--eval-windows", type=int, default=40, help="WikiText-2 test windows to compare on (0: skip)")
-    p.add_argument("--eval-seqlen", type=int, default=512, help="tokens per evaluation window")
+    p.add_argument("--threads", type=positive_int, help="torch CPU threads")
+    p.add_argument("--eval-windows", type=nonneg_int, default=40, help="WikiText-2 test windows to compare on (0: skip)")
+    p.add_argument("--eval-seqlen", type=positive_int, default=512, help="tokens per evaluation window")
     p.add_argument("--reference", metavar="PATH", help="cache of the float model's top-k log-probs (made if missing); "
                    "KL is then the top-k lower bound")
     p.add_argument("--json", metavar="PATH", help="append the result as one JSON line")
     p.set_defaults(func=run)
+
+
+def _checked_scheme(args):
+    """Everything that can be wrong with the arguments, found before the model is loaded."""
+    from pathlib import Path
+
+    import torch
+
+    from lowbit.data.calibration import DEFAULT_CALIBRATION
+    from lowbit.data.eval_text import eval_path
+    from lowbit.data.paths import data_file
+    from lowbit.errors import UsageError
+    from lowbit.io import check_save_target, is_quantized_dir
+    from lowbit.io.outputs import check_output_file
+    from lowbit.models.loading import DEFAULT_NAMES, resolve
+    from lowbit.quantize import TPArgs, get_scheme
+    from lowbit.quantize.overrides import apply_overrides
+
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {args.device} but torch sees no CUDA device")
+    scheme = apply_overrides(get_scheme(args.scheme), args.overrides, args.name)
+    if args.tp != 1:
+        scheme = scheme.with_(name=args.name or f"{scheme.name}-tp{args.tp}", tensor_parallel=TPArgs(world=args.tp))
+    if args.out:
+        check_save_target(args.out)
+    check_output_file(args.json, "--json")
+    if args.reference and not Path(args.reference).is_file():
+        check_output_file(args.reference, "--reference")
+    data_file(DEFAULT_CALIBRATION)
+    if args.eval_windows:
+        eval_path("wikitext2")
+    if args.model not in DEFAULT_NAMES:
+        from transformers import AutoConfig
+
+        from lowbit.models.adapters import check_supported
+
+        path = resolve(args.model)
+        if is_quantized_dir(path):
+            raise UsageError(f"{args.model} is already a lowbit-quantized checkpoint; quantize its float original")
+        check_supported(AutoConfig.from_pretrained(path).model_type)
+    return scheme
 
 
 def run(args) -> int:
@@ -50,25 +93,16 @@ def run(args) -> int:
     from rich.table import Table
 
     from lowbit.data import calibration_ids
+    from lowbit.io.atomic import append_line
     from lowbit.models import load_model
-    from lowbit.quantize import get_scheme, quantize_model
-    from lowbit.quantize.overrides import apply_overrides
+    from lowbit.models.adapters import get_adapter
+    from lowbit.quantize import quantize_model
     from lowbit.quantize.report import decoder_bytes
 
+    scheme = _checked_scheme(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     console = Console()
-    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
-        console.print(f"[red]--device {args.device} but torch sees no CUDA device[/red]")
-        return 2
-    scheme = apply_overrides(get_scheme(args.scheme), args.overrides, args.name)
-    if args.tp < 1:
-        console.print(f"[red]--tp must be a positive number of ranks, got {args.tp}[/red]")
-        return 2
-    if args.tp != 1:
-        from lowbit.quantize import TPArgs
-
-        scheme = scheme.with_(name=args.name or f"{scheme.name}-tp{args.tp}", tensor_parallel=TPArgs(world=args.tp))
     t0 = time.perf_counter()
     load_layer = None
     if args.from_disk:
@@ -79,6 +113,7 @@ def run(args) -> int:
         tok = load_tokenizer(args.model)
     else:
         model, tok = load_model(args.model)
+    get_adapter(model)  # an unsupported architecture fails here, before calibration
     float_bytes = decoder_bytes(model)
     ids = calibration_ids(tok, args.samples, args.seqlen)
     console.print(f"[bold]{scheme.name}[/]: calibrating on {args.samples} x {args.seqlen} tokens of WikiText-2 validation")
@@ -122,6 +157,5 @@ def run(args) -> int:
     table.add_row("quantize time (s)", "", f"{rep.seconds:.0f}")
     console.print(table)
     if args.json:
-        with open(args.json, "a") as f:
-            f.write(json.dumps(result) + "\n")
+        append_line(args.json, json.dumps(result))
     return 0

@@ -12,19 +12,21 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from lowbit.commands.argtypes import codec_list, int_list, positive_float, positive_int, size_list
+
 
 def register(sub) -> None:
     p = sub.add_parser("tune", help="measure and write tuned tables (all-reduce size policy)")
     kinds = p.add_subparsers(dest="tune", metavar="WHAT")
     a = kinds.add_parser("allreduce", help="fit the quick all-reduce cost model and write the size table")
-    a.add_argument("--world-sizes", default="2", help="comma list, e.g. 2,4")
-    a.add_argument("--codecs", default="fp,int8,int6,int4,int3,fp4")
+    a.add_argument("--world-sizes", type=int_list, default="2", help="comma list, e.g. 2,4")
+    a.add_argument("--codecs", type=codec_list, default="fp,int8,int6,int4,int3,fp4")
     a.add_argument("--dtypes", default="bfloat16,float16,float32")
-    a.add_argument("--sizes", default="64K..16M", help="message sizes timed for the link fit")
-    a.add_argument("--codec-elements", type=int, default=1 << 20)
-    a.add_argument("--repeats", type=int, default=5)
+    a.add_argument("--sizes", type=size_list, default="64K..16M", help="message sizes timed for the link fit")
+    a.add_argument("--codec-elements", type=positive_int, default=1 << 20)
+    a.add_argument("--repeats", type=positive_int, default=5)
     a.add_argument("--max-bytes", default="inf", help="upper end of the quantize window written to the table")
-    a.add_argument("--timeout", type=float, default=300.0)
+    a.add_argument("--timeout", type=positive_float, default=300.0)
     a.add_argument("--out", type=Path, default=None, help="table path (default: ~/.cache/lowbit/quickreduce.json)")
     a.set_defaults(func=run)
     p.set_defaults(func=lambda args: p.print_help() or 2)
@@ -44,15 +46,18 @@ def run(args: argparse.Namespace) -> int:
     from lowbit.comm.launch import check_results, run_ranks
     from lowbit.comm.measure import DTYPES, tune_measure
     from lowbit.comm.policy import NO_MAX, parse_bytes, save_table, table_key
+    from lowbit.errors import UsageError
+    from lowbit.io.outputs import check_output_file
 
+    check_output_file(args.out, "--out")
     worlds = [int(w) for w in args.world_sizes.split(",") if w.strip()]
     if any(w < 2 for w in worlds):
-        raise SystemExit("error: world sizes must be >= 2")
+        raise UsageError("--world-sizes: world sizes must be >= 2")
     codecs = [get_codec(c.strip()).name for c in args.codecs.split(",") if c.strip()]
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     for d in dtypes:
         if d not in DTYPES:
-            raise SystemExit(f"error: unknown dtype {d!r}")
+            raise UsageError(f"--dtypes: unknown dtype {d!r}; choose from {', '.join(DTYPES)}")
     sizes = parse_sizes(args.sizes)
     max_bytes = parse_bytes(args.max_bytes)
     entries, links = {}, {}

@@ -22,18 +22,26 @@ from .paths import data_file
 EVAL_DATASETS = {"wikitext2": "wikitext2/wiki.test.raw", "ptb": "ptb/ptb.test.txt"}
 
 
-def eval_text(dataset: str) -> str:
-    """The evaluation text of ``dataset`` ("wikitext2", "ptb", or a path to a text file)."""
+def eval_path(dataset: str) -> Path:
+    """The file of ``dataset``, or a clear error (commands call it before loading a model)."""
     if dataset in EVAL_DATASETS:
-        text = data_file(EVAL_DATASETS[dataset]).read_text(encoding="utf-8")
-        if dataset == "ptb":
-            text = "\n\n".join(line.strip() for line in text.splitlines())
-        return text
+        return data_file(EVAL_DATASETS[dataset])
     path = Path(dataset)
     if not path.is_file():
         raise FileNotFoundError(
             f"unknown evaluation dataset {dataset!r}: use one of {sorted(EVAL_DATASETS)} or a path to a text file"
         )
+    return path
+
+
+def eval_text(dataset: str) -> str:
+    """The evaluation text of ``dataset`` ("wikitext2", "ptb", or a path to a text file)."""
+    path = eval_path(dataset)
+    if dataset in EVAL_DATASETS:
+        text = path.read_text(encoding="utf-8")
+        if dataset == "ptb":
+            text = "\n\n".join(line.strip() for line in text.splitlines())
+        return text
     text = path.read_text(encoding="utf-8")
     if not text.strip():
         raise ValueError(f"evaluation text file {path} is empty")

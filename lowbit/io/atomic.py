@@ -36,3 +36,13 @@ def write_json(path: str | os.PathLike, obj) -> None:
 def write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
         Path(tmp).write_text(text, encoding="utf-8")
+
+
+def append_line(path: str | os.PathLike, line: str) -> None:
+    """Add one line to a text file (a JSONL log) by rewriting it atomically: a crash leaves the
+    old file or the new one, never half a line."""
+    path = Path(path)
+    old = path.read_text(encoding="utf-8") if path.is_file() else ""
+    if old and not old.endswith("\n"):
+        old += "\n"
+    write_text(path, old + line + "\n")

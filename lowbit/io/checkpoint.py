@@ -1,122 +1,111 @@
-"""Save and load lowbit-quantized checkpoints: ``model.safetensors`` (packed codes, scales,
-permutations, float embeddings/norms), ``config.json`` (the base model's config),
-``lowbit_config.json`` (format version, scheme, module layout, size and SHA-256 of the
-tensors file) and the tokenizer. Written to a temporary folder and renamed into place."""
+"""Read lowbit-quantized checkpoints: ``model.safetensors`` (packed codes, scales, permutations,
+float embeddings/norms; its header carries the lowbit marker and the config's hash),
+``config.json`` (the base model's config), ``lowbit_config.json`` (format version, scheme, module
+layout, the files written, size and SHA-256 of the tensors file) and the tokenizer. Every load
+checks both hashes, so damaged or hand-edited files never load silently (see ``integrity``)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
-from torch import nn
 
+from lowbit.errors import LowbitError
 from lowbit.quantize.scheme import Scheme, SchemeError
 
-from .layout import describe, rebuild
+from .integrity import CONFIG_HASH_KEY, MARKER, TRUST_ENV, config_digest, has_marker, sha256_file, tensors_metadata, trusting
+from .layout import check_layout, rebuild
+from .swap import is_temp_name
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+UNHASHED_VERSIONS = (1,)  # written before the config hash existed: loadable only when trusted
 CONFIG_NAME = "lowbit_config.json"
 WEIGHTS_NAME = "model.safetensors"
+TRUST_HINT = f"set {TRUST_ENV}=1 (or pass trust_edits=True) to load it unverified"
 
 
-class CheckpointError(RuntimeError):
-    """A lowbit checkpoint is missing, truncated, corrupt, or of an unknown format version."""
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+class CheckpointError(LowbitError, RuntimeError):
+    """A lowbit checkpoint is missing, truncated, corrupt, edited, or of an unknown format version."""
 
 
 def is_quantized_dir(path: str | os.PathLike) -> bool:
-    return (Path(path) / CONFIG_NAME).is_file()
-
-
-def _tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    state = model.state_dict()
-    tied = getattr(model.config, "tie_word_embeddings", False)
-    if tied and "lm_head.weight" in state:
-        state.pop("lm_head.weight")  # the embedding, shared; re-tied on load
-    return {k: v.detach().contiguous().cpu() for k, v in state.items()}
-
-
-def save_quantized(model: nn.Module, out_dir: str | os.PathLike, tokenizer=None, extra: dict | None = None) -> Path:
-    """Write ``model`` (quantized by :func:`lowbit.quantize.quantize_model`) to ``out_dir``."""
-    from safetensors.torch import save_file
-
-    scheme = getattr(model, "lowbit_scheme", None)
-    if not isinstance(scheme, Scheme):
-        raise ValueError("the model has no lowbit scheme; quantize it with lowbit.quantize.quantize_model first")
-    out = Path(out_dir)
-    if out.exists() and not (out.is_dir() and (is_quantized_dir(out) or not any(out.iterdir()))):
-        raise FileExistsError(f"{out} exists and is not a lowbit checkpoint; refusing to overwrite it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-lowbit-", dir=out.parent))
-    try:
-        save_file(_tensors(model), str(tmp / WEIGHTS_NAME), metadata={"format": "lowbit", "format_version": str(FORMAT_VERSION)})
-        model.config.save_pretrained(tmp)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        meta = {
-            "format_version": FORMAT_VERSION,
-            "scheme": scheme.to_dict(),
-            "layout": describe(model),
-            "weights": {"file": WEIGHTS_NAME, "bytes": (tmp / WEIGHTS_NAME).stat().st_size,
-                        "sha256": _sha256(tmp / WEIGHTS_NAME)},
-            "extra": extra or {},
-        }
-        (tmp / CONFIG_NAME).write_text(json.dumps(meta, indent=1))
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=".old-lowbit-", dir=out.parent))
-            os.replace(out, old / "x")
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    """A lowbit checkpoint, complete or not: its config, or a tensors file with the lowbit marker."""
+    p = Path(path)
+    return (p / CONFIG_NAME).is_file() or has_marker(p / WEIGHTS_NAME)
 
 
 def read_meta(path: str | os.PathLike) -> dict:
-    p = Path(path) / CONFIG_NAME
+    """``lowbit_config.json`` of a checkpoint of a format this lowbit reads."""
+    path = Path(path)
+    p = path / CONFIG_NAME
+    if is_temp_name(path.name):
+        raise CheckpointError(f"{path} is the temporary folder of an unfinished lowbit save, not a checkpoint")
     if not p.is_file():
+        if has_marker(path / WEIGHTS_NAME):
+            raise CheckpointError(f"{path} is an incomplete lowbit checkpoint: {CONFIG_NAME} is missing "
+                                  "(a save was interrupted?); quantize again")
         raise CheckpointError(f"{path} is not a lowbit checkpoint: {CONFIG_NAME} is missing")
     try:
         meta = json.loads(p.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{p} is corrupt (not valid JSON: {e})") from e
     version = meta.get("format_version") if isinstance(meta, dict) else None
-    if version != FORMAT_VERSION:
+    if version != FORMAT_VERSION and version not in UNHASHED_VERSIONS:
         raise CheckpointError(f"{p}: unknown format_version {version!r}; this lowbit reads version {FORMAT_VERSION}")
     return meta
 
 
-def checked_weights_file(path: str | os.PathLike, meta: dict, sha256: bool = True) -> Path:
-    """The tensors file of a checkpoint, after checking it exists, has the recorded size and (if
-    ``sha256``) the recorded hash; a clear :class:`CheckpointError` otherwise."""
-    want = meta.get("weights", {})
+def checked_weights_file(path: str | os.PathLike, meta: dict, sha256: bool = True, trust_edits: bool | None = None) -> Path:
+    """The tensors file of a checkpoint, after checking that it is lowbit's, that the config and
+    the tensors are those recorded with each other (the tensors' full SHA-256 only if ``sha256``);
+    a clear :class:`CheckpointError` otherwise. ``trust_edits`` skips the recorded sizes and hashes."""
+    trust = trusting(trust_edits)
+    want = meta.get("weights") if isinstance(meta.get("weights"), dict) else {}
     wpath = Path(path) / want.get("file", WEIGHTS_NAME)
     if not wpath.is_file():
         raise CheckpointError(f"{wpath} is missing")
+    header = tensors_metadata(wpath)
+    if header is None:
+        raise CheckpointError(f"{wpath} is truncated or corrupt: not a readable safetensors file")
+    if header.get("format") != MARKER:
+        raise CheckpointError(f"{wpath} was not written by lowbit (no 'format: lowbit' in its header)")
+    if trust:
+        return wpath
+    if meta.get("format_version") in UNHASHED_VERSIONS:
+        raise CheckpointError(f"{path}: format {meta['format_version']} records no hash of {CONFIG_NAME}, so edits "
+                              f"cannot be detected; quantize again, or {TRUST_HINT}")
     size = wpath.stat().st_size
     if "bytes" in want and size != want["bytes"]:
         raise CheckpointError(f"{wpath} is truncated or corrupt: {size} bytes, expected {want['bytes']}")
-    if sha256 and "sha256" in want and _sha256(wpath) != want["sha256"]:
-        raise CheckpointError(f"{wpath} is corrupt: its SHA-256 does not match {CONFIG_NAME}")
+    if "sha256" not in want or CONFIG_HASH_KEY not in header:
+        raise CheckpointError(f"{path}: the recorded hash of {'the tensors' if 'sha256' not in want else CONFIG_NAME} "
+                              f"is missing (hand-edited?); {TRUST_HINT}")
+    if header[CONFIG_HASH_KEY] != config_digest(meta):
+        raise CheckpointError(f"{path / CONFIG_NAME} was edited after saving (its hash does not match the one in "
+                              f"{wpath.name}); {TRUST_HINT}")
+    if sha256 and sha256_file(wpath) != want["sha256"]:
+        raise CheckpointError(f"{wpath} is corrupt: its SHA-256 does not match {CONFIG_NAME}; {TRUST_HINT}")
     return wpath
 
 
-def load_quantized(path: str | os.PathLike, device: str = "cpu"):
+def open_checkpoint(path: str | os.PathLike, sha256: bool = True, trust_edits: bool | None = None) -> tuple[dict, Scheme, Path]:
+    """``(meta, scheme, tensors file)`` of a verified checkpoint whose layout fits its scheme."""
+    meta = read_meta(path)
+    try:
+        scheme = Scheme.from_dict(meta["scheme"])
+    except (KeyError, SchemeError, TypeError) as e:
+        raise CheckpointError(f"{Path(path) / CONFIG_NAME}: bad scheme: {e}") from e
+    wpath = checked_weights_file(path, meta, sha256, trust_edits)
+    try:
+        check_layout(meta.get("layout", {}), scheme)
+    except (ValueError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{Path(path) / CONFIG_NAME}: {e}") from e
+    return meta, scheme, wpath
+
+
+def load_quantized(path: str | os.PathLike, device: str = "cpu", trust_edits: bool | None = None):
     """``(model, tokenizer)`` rebuilt from a checkpoint directory (no float weights needed);
     the tokenizer is None when the checkpoint has none."""
     from safetensors import SafetensorError
@@ -126,20 +115,21 @@ def load_quantized(path: str | os.PathLike, device: str = "cpu"):
     from lowbit.nn.kv_cache import install_kv_quantization
 
     path = Path(path)
-    meta = read_meta(path)
-    try:
-        scheme = Scheme.from_dict(meta["scheme"])
-    except (KeyError, SchemeError, TypeError) as e:
-        raise CheckpointError(f"{path / CONFIG_NAME}: bad scheme: {e}") from e
-    wpath = checked_weights_file(path, meta)
+    meta, scheme, wpath = open_checkpoint(path, trust_edits=trust_edits)
     try:
         state = load_file(str(wpath))
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{wpath} is truncated or corrupt: {e}") from e
     config = AutoConfig.from_pretrained(path)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    rebuild(model, meta.get("layout", {}))
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    try:
+        rebuild(model, meta.get("layout", {}))
+    except (AttributeError, IndexError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{path / CONFIG_NAME}: the layout does not fit the model in config.json: {e!r}") from e
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # a tensor of another shape than its layout says
+        raise CheckpointError(f"{wpath} does not fit its layout: {' '.join(str(e).split())[:300]}") from e
     missing = [k for k in missing if not (k == "lm_head.weight" and getattr(config, "tie_word_embeddings", False))]
     if missing or unexpected:
         raise CheckpointError(f"{wpath} does not fit its layout: missing {missing[:5]}, unexpected {unexpected[:5]}")

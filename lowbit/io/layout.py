@@ -36,3 +36,32 @@ def rebuild(model: nn.Module, layout: dict) -> None:
     for name, d in layout.get("quant_linears", {}).items():
         get_path(model, name)  # raises AttributeError for a layout that does not fit the model
         set_path(model, name, QuantLinear(QuantLinearLayout.from_dict(d)))
+
+
+LAYOUT_KEYS = ("quant_linears", "permuted_norms", "unfused_experts", "row_sharded")
+
+
+def check_layout(layout: dict, scheme) -> None:
+    """Raise ValueError where ``layout`` is not what ``scheme`` makes: unknown keys, packed
+    linears with other bits / format / symmetry / activation bits than the scheme records."""
+    if not isinstance(layout, dict):
+        raise ValueError(f"layout must be an object, got {type(layout).__name__}")
+    unknown = sorted(set(layout) - set(LAYOUT_KEYS))
+    if unknown:
+        raise ValueError(f"unknown layout key(s) {unknown}; known: {list(LAYOUT_KEYS)}")
+    linears = layout.get("quant_linears", {})
+    for name, d in linears.items():
+        head = name.split(".")[-1] == "lm_head"
+        args = scheme.lm_head if head else scheme.weights
+        want = {"w_bits": args.bits}
+        if args.enabled:
+            want.update(w_format=args.format, w_symmetric=args.symmetric)
+        got = {k: d.get(k) for k in want}
+        act = d.get("act")
+        if act is not None:
+            got["act bits"], want["act bits"] = act.get("bits"), None if head else scheme.activations.bits
+        if got != want:
+            raise ValueError(f"{name} is stored as {got} but the scheme {scheme.name!r} records {want}")
+    body = [n for n in linears if n.split(".")[-1] != "lm_head"]
+    if (scheme.weights.enabled or scheme.activations.enabled) and not body:
+        raise ValueError(f"the scheme {scheme.name!r} quantizes the decoder, but the layout has no packed linears")

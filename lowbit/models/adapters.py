@@ -73,13 +73,18 @@ class Adapter:
         return attn + [InputGroup(ups, "post_attention_layernorm", extra=["mlp.gate.weight"])] + downs
 
 
+def check_supported(model_type: str | None) -> None:
+    """Raise :class:`UnsupportedArchitectureError` unless lowbit can quantize ``model_type``."""
+    if model_type not in DENSE | MOE:
+        raise UnsupportedArchitectureError(
+            f"lowbit quantize supports Llama-like decoders ({', '.join(sorted(DENSE | MOE))}); got model_type={model_type!r}"
+        )
+
+
 def get_adapter(model: nn.Module) -> Adapter:
     config = getattr(model, "config", None)
     mt = getattr(config, "model_type", None)
-    if mt not in DENSE | MOE:
-        raise UnsupportedArchitectureError(
-            f"lowbit quantize supports Llama-like decoders ({', '.join(sorted(DENSE | MOE))}); got model_type={mt!r}"
-        )
+    check_supported(mt)
     if not hasattr(model, "model") or not hasattr(model.model, "layers"):
         raise UnsupportedArchitectureError(f"{type(model).__name__} has no model.layers; is it a *ForCausalLM model?")
     return Adapter(mt)

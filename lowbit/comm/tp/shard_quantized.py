@@ -17,12 +17,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lowbit.io.checkpoint import CheckpointError, checked_weights_file, read_meta
+from lowbit.io.checkpoint import CheckpointError, open_checkpoint
 from lowbit.io.layout import rebuild
 from lowbit.io.safetensors_reader import CheckpointReader
 from lowbit.models.lazy import materialize_rest, meta_model
 from lowbit.nn.quant_linear import QuantLinear, QuantLinearLayout
-from lowbit.quantize.scheme import Scheme, SchemeError
 
 from .layers import RowParallelLinear, column_linear
 from .plan import TPSplitError, make_plan
@@ -101,13 +100,9 @@ def load_tp_quantized_shard(path: str | Path, rank: int, world: int, reduce: Cal
 
     from lowbit.nn.kv_cache import install_kv_quantization
 
-    meta = read_meta(path)
-    try:
-        scheme = Scheme.from_dict(meta["scheme"])
-    except (KeyError, SchemeError, TypeError) as e:
-        raise CheckpointError(f"{path}: bad scheme: {e}") from e
+    # every rank reads only its slices: the config's hash and the size are checked, not the tensors' full hash
+    meta, scheme, _ = open_checkpoint(path, sha256=False)
     require_world(path, scheme.tensor_parallel.world, world)
-    checked_weights_file(path, meta, sha256=False)  # every rank reads only its slices: size check, no full hash
     config = AutoConfig.from_pretrained(path)
     plan = make_plan(config, world)
     reader = CheckpointReader(path)

@@ -112,8 +112,8 @@ def test_greedy_bad_input(tiny):
     (["--tp", "7"], "no head"),  # 6 heads cannot go to 7 ranks
     (["--tp", "1"], "--tp must be >= 2"),
     (["--new", "1"], "--new >= 2"),
-    (["--batches", "0"], "batches >= 1"),
-    (["--link-gbit", "0"], "must be > 0"),
+    (["--batches", "0"], "--batches: must be a positive integer"),
+    (["--link-gbit", "0"], "--link-gbit: must be a positive number"),
     (["--skip-unshaped"], "needs at least one"),
 ])
 def test_bad_arguments_fail_before_launch(tiny, tmp_path, monkeypatch, capsys, extra, msg):
@@ -124,16 +124,16 @@ def test_bad_arguments_fail_before_launch(tiny, tmp_path, monkeypatch, capsys, e
 
     monkeypatch.setattr(decode_bench, "measure_tp", no_launch)
     assert decode_bench.main(["--model", str(folder), "--random-prompts", "--out", str(tmp_path), *extra]) == 2
-    assert msg in capsys.readouterr().out.replace("\n", "")
+    assert msg in capsys.readouterr().err
 
 
 def test_missing_model_folder_fails_cleanly(tmp_path, capsys):
     assert decode_bench.main(["--model", str(tmp_path / "missing"), "--out", str(tmp_path)]) == 2
-    assert "error" in capsys.readouterr().out
+    assert "error" in capsys.readouterr().err
 
 
 def test_text_prompts_need_a_tokenizer(tiny, tmp_path, capsys, monkeypatch):
     _, folder = tiny
     monkeypatch.setattr(decode_bench, "measure_tp", lambda *a, **k: pytest.fail("ranks were launched"))
     assert decode_bench.main(["--model", str(folder), "--out", str(tmp_path)]) == 2
-    assert "--random-prompts" in capsys.readouterr().out
+    assert "--random-prompts" in capsys.readouterr().err

@@ -1,0 +1,123 @@
+"""A lowbit checkpoint is known by its own marker, and an edit of its config or of its tensors is
+caught on load: never a plain transformers model with random weights, never a silent mismatch."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from lowbit.io import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, is_quantized_dir, load_quantized, save_quantized
+from lowbit.models import load_model
+from lowbit.models.tiny import tiny_model
+from lowbit.quantize import get_scheme, quantize_model
+
+IDS = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    model = tiny_model("llama")
+    quantize_model(model, get_scheme("w4a4"), IDS, progress=False)
+    out = tmp_path_factory.mktemp("integrity") / "q"
+    save_quantized(model, out)
+    with torch.no_grad():
+        return out, model(IDS).logits
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _edit_config(d, fn):
+    meta = json.loads((d / CONFIG_NAME).read_text())
+    fn(meta)
+    (d / CONFIG_NAME).write_text(json.dumps(meta))
+
+
+def test_folder_without_lowbit_config_is_an_error_not_a_random_llama(saved, tmp_path):
+    d = _copy(saved[0], tmp_path / "noconfig")
+    (d / CONFIG_NAME).unlink()
+    assert is_quantized_dir(d)  # the marker in the tensors file still says lowbit
+    with pytest.raises(CheckpointError, match="incomplete lowbit checkpoint"):
+        load_model(str(d))
+
+
+def test_temporary_folder_of_a_killed_save_never_loads(saved, tmp_path):
+    d = _copy(saved[0], tmp_path / ".tmp-lowbit-12345-abc")
+    with pytest.raises(CheckpointError, match="unfinished lowbit save"):
+        load_model(str(d))
+
+
+def test_plain_checkpoint_with_missing_weights_is_an_error(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    tiny_model("llama").save_pretrained(tmp_path / "hf")
+    f = tmp_path / "hf" / "model.safetensors"
+    state = load_file(str(f))
+    state.pop("model.layers.1.mlp.up_proj.weight")
+    save_file(state, str(f), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="randomly initialised"):
+        load_model(str(tmp_path / "hf"))
+
+
+@pytest.mark.parametrize("edit", [
+    lambda m: m["scheme"]["kv_cache"].update(bits=8),
+    lambda m: m["scheme"].update(name="renamed"),
+    lambda m: m["layout"]["quant_linears"]["model.layers.0.mlp.up_proj"].update(w_group=64),
+    lambda m: m["extra"].update(note="x"),
+])
+def test_edited_config_is_detected(saved, tmp_path, edit):
+    d = _copy(saved[0], tmp_path / "edited")
+    _edit_config(d, edit)
+    with pytest.raises(CheckpointError, match="edited after saving"):
+        load_quantized(d)
+
+
+def test_removed_hash_and_flipped_bytes_are_refused(saved, tmp_path):
+    d = _copy(saved[0], tmp_path / "nohash")
+    _edit_config(d, lambda m: m["weights"].pop("sha256"))
+    data = bytearray((d / WEIGHTS_NAME).read_bytes())
+    data[-10] ^= 0xFF
+    (d / WEIGHTS_NAME).write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="recorded hash of the tensors is missing"):
+        load_quantized(d)
+
+
+def test_trusted_edit_loads_and_the_env_var_is_the_same_switch(saved, tmp_path, monkeypatch):
+    out, logits = saved
+    d = _copy(out, tmp_path / "trusted")
+    _edit_config(d, lambda m: m["scheme"].update(name="my-name"))
+    model, _ = load_quantized(d, trust_edits=True)
+    assert model.lowbit_scheme.name == "my-name"
+    with torch.no_grad():
+        assert torch.equal(model(IDS).logits, logits)
+    monkeypatch.setenv("LOWBIT_TRUST_EDITED_CHECKPOINT", "1")
+    assert load_quantized(d)[0].lowbit_scheme.name == "my-name"
+    with pytest.raises(CheckpointError, match="edited"):
+        load_quantized(d, trust_edits=False)  # the argument wins over the environment
+
+
+def test_scheme_must_match_the_stored_layout_even_when_trusted(saved, tmp_path):
+    d = _copy(saved[0], tmp_path / "bits")
+    _edit_config(d, lambda m: m["scheme"]["weights"].update(bits=8))
+    with pytest.raises(CheckpointError, match="stored as"):
+        load_quantized(d, trust_edits=True)
+    d = _copy(saved[0], tmp_path / "key")
+    _edit_config(d, lambda m: m["layout"].update(bogus=[]))
+    with pytest.raises(CheckpointError, match="unknown layout key"):
+        load_quantized(d, trust_edits=True)
+    d = _copy(saved[0], tmp_path / "name")
+    _edit_config(d, lambda m: m["layout"]["quant_linears"].update(
+        {"model.layers.7.mlp.up_proj": m["layout"]["quant_linears"]["model.layers.0.mlp.up_proj"]}))
+    with pytest.raises(CheckpointError, match="does not fit the model"):
+        load_quantized(d, trust_edits=True)
+
+
+def test_format_1_checkpoint_needs_trust(saved, tmp_path):
+    d = _copy(saved[0], tmp_path / "v1")
+    _edit_config(d, lambda m: m.update(format_version=1))
+    with pytest.raises(CheckpointError, match="format 1 records no hash"):
+        load_quantized(d)
+    assert load_quantized(d, trust_edits=True)[0].lowbit_scheme.name == "w4a4"
