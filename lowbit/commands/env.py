@@ -37,11 +37,15 @@ def run(args) -> int:
         feats.add_row(name, "yes" if ok else "-")
     console.print(feats)
     libs = Table(title="native libraries (built on first use with this CPU's instructions)")
-    for c in ("library", "built", "source"):
+    for c in ("library", "built", "ISA variant", "source"):
         libs.add_column(c)
     for lib in rep["native"]:
-        libs.add_row(lib["name"], "yes" if lib["built"] else "[red]no[/red]", lib["source"])
+        libs.add_row(lib["name"], "yes" if lib["built"] else "[red]no[/red]", lib["variant"] or "-", lib["source"])
     console.print(libs)
+    isa = rep["isa"]
+    console.print(f"ISA variant selected: {isa['selected']} (LOWBIT_ISA=NAME forces one); not runnable here: "
+                  + (", ".join(f"{n} (lacks {', '.join(v['missing'])})" for n, v in isa["variants"].items()
+                               if not v["runnable"]) or "none"), highlight=False)
     kinds = Table(title="default CPU kernel per quantized kind")
     kinds.add_column("kind")
     kinds.add_column("kernel")

@@ -67,31 +67,45 @@ def compile_library(src: Path, flags: tuple[str, ...], libs: tuple[str, ...] = (
         return None
 
 
-def first_that_builds(src: Path, flag_sets) -> ctypes.CDLL | None:
-    """The first of ``flag_sets`` (tuples of flags) that compiles ``src``."""
+def first_that_builds(src: Path, flag_sets) -> tuple[ctypes.CDLL | None, tuple[str, ...] | None]:
+    """The first of ``flag_sets`` (tuples of flags) that compiles ``src``, and those flags."""
     for flags in flag_sets:
         lib = compile_library(src, tuple(flags))
         if lib is not None:
-            return lib
-    return None
+            return lib, tuple(flags)
+    return None, None
 
 
 class NativeLibrary:
-    """A C source built on first use with the first of ``flag_sets`` that compiles (or with
-    explicit flags, for tests), its ctypes signatures set by ``bind(lib)``; cached per flags."""
+    """A C source built on first use with the first of ``flag_sets`` that compiles (a tuple, or a
+    function returning one, evaluated at the first build: the ISA variants depend on the CPU and on
+    ``LOWBIT_ISA``), or with explicit flags (tests); its ctypes signatures set by ``bind(lib)``;
+    cached per flags. ``flags`` is what the best build used (None before it, or if none built)."""
 
     def __init__(self, src: Path, flag_sets, bind) -> None:
-        self.src, self.flag_sets, self.bind = src, tuple(tuple(f) for f in flag_sets), bind
+        self.src, self.bind = src, bind
+        self._flag_sets = flag_sets if callable(flag_sets) else tuple(tuple(f) for f in flag_sets)
         self._libs: dict[tuple[str, ...], ctypes.CDLL | None] = {}
+        self.flags: tuple[str, ...] | None = None
+
+    @property
+    def flag_sets(self) -> tuple[tuple[str, ...], ...]:
+        return tuple(tuple(f) for f in self._flag_sets()) if callable(self._flag_sets) else self._flag_sets
 
     def get(self, flags: tuple[str, ...] | None = None) -> ctypes.CDLL | None:
         key = tuple(flags) if flags is not None else ("best",)
         if key not in self._libs:
-            lib = first_that_builds(self.src, self.flag_sets) if flags is None else compile_library(self.src, tuple(flags))
+            if flags is None:
+                lib, self.flags = first_that_builds(self.src, self.flag_sets)
+            else:
+                lib = compile_library(self.src, tuple(flags))
             self._libs[key] = None if lib is None else (self.bind(lib) or lib)
         return self._libs[key]
 
 
-# the build every native kernel tries first: this CPU's instructions, then without them (threads come
-# from csrc/work_pool.h, plain pthreads)
-KERNEL_FLAG_SETS = (("-O3", "-march=native", "-pthread"), ("-O3", "-pthread"))
+def kernel_flag_sets() -> tuple[tuple[str, ...], ...]:
+    """The builds every native kernel tries: this CPU's ISA variant (:mod:`.isa`), then narrower ones
+    (threads come from csrc/work_pool.h, plain pthreads)."""
+    from . import isa
+
+    return isa.flag_sets(("-pthread",))

@@ -30,7 +30,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.rope.restype = None
 
 
-_LIB = cbuild.NativeLibrary(Path(__file__).with_name("csrc") / "decode_ops.c", cbuild.KERNEL_FLAG_SETS, _bind)
+_LIB = cbuild.NativeLibrary(Path(__file__).with_name("csrc") / "decode_ops.c", cbuild.kernel_flag_sets, _bind)
 
 
 def _needs_grad(*ts: torch.Tensor) -> bool:

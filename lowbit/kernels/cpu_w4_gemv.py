@@ -38,7 +38,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     native_act.bind(lib.w4_act_sym)
 
 
-_LIB = cbuild.NativeLibrary(Path(__file__).with_name("csrc") / "w4_gemv.c", cbuild.KERNEL_FLAG_SETS, _bind)
+_LIB = cbuild.NativeLibrary(Path(__file__).with_name("csrc") / "w4_gemv.c", cbuild.kernel_flag_sets, _bind)
 
 
 def library(flags: tuple[str, ...] | None = None) -> ctypes.CDLL | None:

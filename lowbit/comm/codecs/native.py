@@ -15,10 +15,15 @@ from pathlib import Path
 
 import torch
 
-from lowbit.kernels import cbuild
+from lowbit.kernels import cbuild, isa
 
 _SRC = Path(__file__).with_name("csrc") / "qr_codec.c"
-_FLAG_SETS = (("-O3", "-march=native"), ("-O3",))
+
+def _flag_sets() -> tuple[tuple[str, ...], ...]:
+    """This CPU's ISA variant, then narrower ones (lowbit.kernels.isa); the codecs run no threads."""
+    return isa.flag_sets(())
+
+
 PORTABLE_FLAGS = ("-O3", "-DQR_NO_SIMD")  # the plain C loops, no intrinsics (tests compare it)
 _IN_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
@@ -33,7 +38,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.qr_reduce.restype = ci
 
 
-_LIB = cbuild.NativeLibrary(_SRC, _FLAG_SETS, _bind)
+_LIB = cbuild.NativeLibrary(_SRC, _flag_sets, _bind)
 _lib: ctypes.CDLL | None = None
 
 
