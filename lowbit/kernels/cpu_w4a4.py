@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import cpu_w4_gemv
+from . import cpu_w4_gemv, cpu_w8_gemv
 from .act_quant import IntActivation, quantize_tokens
 from .params import ActSpec, KernelError, LinearParams
 
@@ -63,6 +63,7 @@ class W4A4NativePrepared:
     act: ActSpec
     bias: torch.Tensor | None
     method: str = "native"
+    outlier_native: cpu_w8_gemv.W8GemvPrepared | None = None  # the INT8 outliers for the 8-bit kernel
 
 
 def available() -> bool:
@@ -88,8 +89,9 @@ def prepare(p: LinearParams, method: str | None = None):
     if p.act.bits > 4 or g * 64 >= 2 ** 24:
         raise KernelError(f"exact float32 group products need INT4 activations and g·64 < 2^24, got A{p.act.bits} g{g}")
     if method == "native":
+        o8 = cpu_w8_gemv.prepare(p.outlier, p.outlier_scale) if p.n_outliers and cpu_w8_gemv.available() else None
         return W4A4NativePrepared(cpu_w4_gemv.prepare(p, kinds=("w4a4",)), p.outlier.t().float().contiguous(),
-                                  p.outlier_scale.contiguous(), p.act, p.bias)
+                                  p.outlier_scale.contiguous(), p.act, p.bias, outlier_native=o8)
     out, n = p.codes.shape
     ng = p.scale.shape[1]
     w = F.pad(p.codes, (0, ng * g - n)).reshape(out, ng, g)
@@ -149,10 +151,12 @@ def matmul_int(a: IntActivation, w: W4A4Prepared) -> torch.Tensor:
 
 def _run_native(x: torch.Tensor, w: W4A4NativePrepared) -> torch.Tensor:
     """Codes and the normal channels' GEMV in C (the same codes as :func:`quantize_tokens`), then
-    the INT8 outliers' exact product."""
+    the INT8 outliers' exact product in the 8-bit kernel (torch's float32 route where it did not build)."""
     k = w.outlier.shape[0]
     y, c = cpu_w4_gemv.quantize_and_run(x, w.normal, k, w.act.bits, w.act.clip)
-    if k:
+    if k and w.outlier_native is not None:  # float(P) * (w_scale * x_scale), exact P, in the 8-bit kernel
+        y += cpu_w8_gemv.run_int16_codes(c.outlier, c.outlier_scale, w.outlier_native)
+    elif k:
         a = IntActivation(c.xq, c.scale, c.outlier, c.outlier_scale)
         y.addcmul_(_outliers_float(a, w).float() * a.outlier_scale[:, None], w.outlier_scale)
     return y + w.bias if w.bias is not None else y

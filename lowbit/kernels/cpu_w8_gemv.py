@@ -96,6 +96,19 @@ def run_codes(codes: torch.Tensor, scale: torch.Tensor, w: W8GemvPrepared, lib: 
     return _gemv_codes(lib, xq, scale.float().contiguous(), w)
 
 
+def run_int16_codes(codes: torch.Tensor, scale: torch.Tensor, w: W8GemvPrepared, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """:func:`run_codes` for int16 codes ``[t, in]`` (|code| ≤ 32767) that need no cast: W4A4's
+    outlier channels as :mod:`.native_act` returns them."""
+    lib = lib or library()
+    if lib is None:
+        raise KernelError("w8 native kernel: no C compiler could build it")
+    if codes.dtype != torch.int16 or codes.dim() != 2 or codes.shape[1] != w.n_in or scale.numel() != codes.shape[0]:
+        raise ValueError(f"w8 native kernel: int16 codes [tokens, {w.n_in}] and one scale per token, got "
+                         f"{codes.dtype} {tuple(codes.shape)} / {tuple(scale.shape)}")
+    xq = codes if w.k_pad == w.n_in else F.pad(codes, (0, w.k_pad - w.n_in))
+    return _gemv_codes(lib, xq.contiguous(), scale.float().contiguous(), w)
+
+
 def _gemv_codes(lib, xq: torch.Tensor, sx: torch.Tensor, w: W8GemvPrepared) -> torch.Tensor:
     t, out_pad = xq.shape[0], w.scale.shape[0]
     y = torch.empty(t, out_pad)

@@ -1,5 +1,9 @@
 """Instruction-set variants of the native libraries, chosen per CPU at load time.
 
+What a variant changes today: AVX2 vectorises every kernel; the VNNI variants (AVX-VNNI on
+AVX2-only cores, AVX512-VNNI) fuse each int16 multiply-add and its accumulation into one
+``vpdpwssd`` (the same integers); AVX-512 and BF16 let the compiler use them where it can.
+
 Each variant is a set of compiler target flags, so every variant compiles on every x86-64 machine
 (the compiler does not need the instructions it emits; ``tests/kernels/test_isa.py`` builds them
 all), and the C sources pick their code paths from the predefined macros (``__AVX2__``,
@@ -30,6 +34,7 @@ _AVX512 = _AVX2 + ("-mavx512f", "-mavx512bw", "-mavx512vl")
 VARIANTS = (  # narrowest first
     Variant("portable", (), ()),
     Variant("avx2", _AVX2, ("avx2", "fma", "f16c")),
+    Variant("avxvnni", _AVX2 + ("-mavxvnni",), ("avx2", "fma", "f16c", "avx_vnni")),
     Variant("avx512", _AVX512, ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl")),
     Variant("avx512vnni", _AVX512 + ("-mavx512vnni",),
             ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")),

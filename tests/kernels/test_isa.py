@@ -109,6 +109,7 @@ def test_selection_follows_features_and_override(monkeypatch):
     if isa.x86():
         assert isa.selected(none).name == "portable"
         assert isa.selected(avx2).name == "avx2"
+        assert isa.selected(avx2 | {"avx_vnni": True}).name == "avxvnni"
         assert isa.selected(vnni).name == "avx512vnni"
         monkeypatch.setenv("LOWBIT_ISA", "avx2")
         assert isa.selected(vnni).name == "avx2"

@@ -72,14 +72,16 @@ def test_bad_layout_is_an_error_not_a_write():
 @pytest.mark.parametrize("t,out,n_in,k", [(1, 64, 256, 32), (5, 40, 576, 32), (3, 24, 320, 0), (17, 16, 128, 8)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_w4a4_native_equals_torch_codes_path(t, out, n_in, k, dtype):
+    """Both parts in C give torch's codes' products, bit for bit."""
     torch.manual_seed(t + out)
     p = from_float(torch.randn(out, n_in), "w4a4", group=64, n_outliers=k, act_clip=0.9, bias=torch.randn(out))
     w = cpu_w4a4.prepare(p, "native")
     x = (torch.randn(t, n_in) * 3).to(dtype)
     a = quantize_tokens(x, w.act, k)
     expect = cpu_w4_gemv.run_codes(a.codes, a.scale, w.normal)
-    if k:
-        expect.addcmul_(cpu_w4a4._outliers_float(a, w).float() * a.outlier_scale[:, None], w.outlier_scale)
+    if k:  # the exact INT8 product P, rescaled as float(P) * (w_scale * x_scale)
+        p_int = a.outlier.double() @ p.outlier.double().t()
+        expect += p_int.float() * (p.outlier_scale[None, :] * a.outlier_scale[:, None])
     assert torch.equal(cpu_w4a4.run(x, w), expect + w.bias)
 
 

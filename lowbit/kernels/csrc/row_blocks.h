@@ -9,6 +9,15 @@
 #include "work_pool.h"
 #if defined(__AVX2__)
 #include <immintrin.h>
+/* acc + the pairwise int16 products of a and b, summed in int32 lanes: one VNNI instruction
+ * (vpdpwssd, non-saturating) where the build has it, else vpmaddwd + vpaddd; the same integers. */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define MADD_ACC(acc, a, b) _mm256_dpwssd_epi32((acc), (a), (b))
+#elif defined(__AVXVNNI__)
+#define MADD_ACC(acc, a, b) _mm256_dpwssd_avx_epi32((acc), (a), (b))
+#else
+#define MADD_ACC(acc, a, b) _mm256_add_epi32((acc), _mm256_madd_epi16((a), (b)))
+#endif
 /* The 4 lane sums of 4 int32 vectors: [sum(a0), sum(a1), sum(a2), sum(a3)] (exact). */
 static inline __m128i hsum4x8(__m256i a0, __m256i a1, __m256i a2, __m256i a3) {
     __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));

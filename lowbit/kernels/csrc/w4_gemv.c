@@ -42,10 +42,10 @@ int w4_has_simd(void) { return W4_SIMD; }
         __m256i v_ = _mm256_loadu_si256((const __m256i *)(p));                               \
         __m256i lo_ = _mm256_and_si256(v_, m4);                                              \
         __m256i hi_ = _mm256_and_si256(_mm256_srli_epi16(v_, 4), m4);                        \
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_unpacklo_epi8(lo_, zero), xv0)); \
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_unpackhi_epi8(lo_, zero), xv1)); \
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_unpacklo_epi8(hi_, zero), xv2)); \
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_unpackhi_epi8(hi_, zero), xv3)); \
+        acc = MADD_ACC(acc, _mm256_unpacklo_epi8(lo_, zero), xv0); \
+        acc = MADD_ACC(acc, _mm256_unpackhi_epi8(lo_, zero), xv1); \
+        acc = MADD_ACC(acc, _mm256_unpacklo_epi8(hi_, zero), xv2); \
+        acc = MADD_ACC(acc, _mm256_unpackhi_epi8(hi_, zero), xv3); \
     } while (0)
 
 /* y[o..o+3] for the 4-row blocks [b0, b1) and one token: every activation load serves 4 rows. */
@@ -99,10 +99,10 @@ static void rows_four_tokens(const uint8_t *w, const float *s4, const int32_t *z
                 __m256i w2 = _mm256_unpacklo_epi8(hi, zero), w3 = _mm256_unpackhi_epi8(hi, zero);
                 for (int i = 0; i < 4; i++) {
                     const __m256i *xv = (const __m256i *)(xq + i * kp + j);
-                    acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(w0, _mm256_loadu_si256(xv)));
-                    acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(w1, _mm256_loadu_si256(xv + 1)));
-                    acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(w2, _mm256_loadu_si256(xv + 2)));
-                    acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(w3, _mm256_loadu_si256(xv + 3)));
+                    acc[i] = MADD_ACC(acc[i], w0, _mm256_loadu_si256(xv));
+                    acc[i] = MADD_ACC(acc[i], w1, _mm256_loadu_si256(xv + 1));
+                    acc[i] = MADD_ACC(acc[i], w2, _mm256_loadu_si256(xv + 2));
+                    acc[i] = MADD_ACC(acc[i], w3, _mm256_loadu_si256(xv + 3));
                 }
             }
             const int64_t q = ((o / 4) * ng + g) * 4 + o % 4;

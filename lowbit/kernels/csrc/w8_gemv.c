@@ -41,7 +41,7 @@ int w8_has_simd(void) { return W8_SIMD; }
     do {                                                                                                \
         __m256i w0_ = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p)));                      \
         __m256i w1_ = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)((p) + 16)));               \
-        acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(w0_, xv0), _mm256_madd_epi16(w1_, xv1))); \
+        acc = MADD_ACC(MADD_ACC(acc, w0_, xv0), w1_, xv1);                                                \
     } while (0)
 
 /* 4 rows (one block) x 1 token: every activation load serves 4 rows */
@@ -85,8 +85,7 @@ static void rows_four_tokens(const int8_t *w, const float *s, int64_t kp, int64_
                 __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 16)));
                 for (int i = 0; i < 4; i++) {
                     const __m256i *xv = (const __m256i *)(xq + i * kp + j);
-                    acc[i] = _mm256_add_epi32(acc[i], _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(xv)),
-                                                                       _mm256_madd_epi16(w1, _mm256_loadu_si256(xv + 1))));
+                    acc[i] = MADD_ACC(MADD_ACC(acc[i], w0, _mm256_loadu_si256(xv)), w1, _mm256_loadu_si256(xv + 1));
                 }
             }
             __m128 scale = _mm_mul_ps(_mm_set1_ps(s[o]), _mm_setr_ps(sx[g], sx[ng + g], sx[2 * ng + g], sx[3 * ng + g]));
