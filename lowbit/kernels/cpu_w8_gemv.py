@@ -46,7 +46,7 @@ def available() -> bool:
 
 @dataclass
 class W8GemvPrepared:
-    packed: torch.Tensor  # int8 [out_pad / 4, kp / 32, 4, 32]
+    packed: torch.Tensor  # int8 [out_pad, kp], row-major (torch._int_mm reads it as it is)
     scale: torch.Tensor  # float32 [out_pad] (padded rows: 0)
     n_in: int
     k_pad: int
@@ -69,7 +69,7 @@ def prepare(codes: torch.Tensor, scale: torch.Tensor) -> W8GemvPrepared:
     out, n = codes.shape
     kp, out_pad = -(-n // CHUNK) * CHUNK, -(-out // 4) * 4
     c = F.pad(codes, (0, kp - n, 0, out_pad - out))
-    packed = c.reshape(out_pad // 4, 4, kp // CHUNK, CHUNK).transpose(1, 2).contiguous()
+    packed = c.contiguous()
     return W8GemvPrepared(packed, F.pad(scale.float(), (0, out_pad - out)).contiguous(), n, kp, out)
 
 

@@ -92,3 +92,18 @@ def test_w8a8_native_equals_float_method(t, out, n_in):
     x = torch.randn(t, n_in) * 4
     assert torch.equal(cpu_w8a8.run(x, cpu_w8a8.prepare(p, "native")), cpu_w8a8.run(x, cpu_w8a8.prepare(p, "float")))
 
+
+
+@pytest.mark.parametrize("t", [8, 17, 64])
+def test_w8a8_int_mm_for_batches_gives_the_native_bits(t, monkeypatch):
+    """Large calls on AMX CPUs run torch._int_mm on the native layout's bytes: the same bits as the
+    native GEMV and the float method (forced on here, whatever this CPU has)."""
+    torch.manual_seed(t)
+    p = from_float(torch.randn(36, 300), "w8a8", bias=torch.randn(36))
+    w = cpu_w8a8.prepare(p, "native")
+    x = torch.randn(t, 300) * 4
+    monkeypatch.setattr(cpu_w8a8, "int_mm_for_batches", lambda: False)
+    gemv = cpu_w8a8.run(x, w)
+    monkeypatch.setattr(cpu_w8a8, "int_mm_for_batches", lambda: True)
+    assert torch.equal(cpu_w8a8.run(x, w), gemv)
+    assert torch.equal(gemv, cpu_w8a8.run(x, cpu_w8a8.prepare(p, "float")))

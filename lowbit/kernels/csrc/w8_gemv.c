@@ -1,10 +1,10 @@
 /* INT8-weight matrix products for small batches on CPU (decode).
  *
  * Without VNNI/AMX torch's _int_mm is a slow generic loop on this hardware, and the float32
- * SGEMM route stores the weight as 4-byte floats. Here the weight stays 1 byte per value: rows
- * padded to kp (a multiple of 32) with zeros and to a multiple of 4, in blocks of 4 rows
- * interleaved 32 bytes at a time (one sequential stream per block). Codes are sign-extended to
- * int16 and multiplied with int16 activation codes by vpmaddwd.
+ * SGEMM route stores the weight as 4-byte floats. Here the weight stays 1 byte per value: row-major
+ * [out, kp], rows padded to kp (a multiple of 32) with zeros and to a multiple of 4 (the plain layout
+ * torch._int_mm also reads, so large batches can use it on the same bytes). Codes are sign-extended
+ * to int16 and multiplied with int16 activation codes (vpmaddwd, or vpdpwssd with VNNI).
  *
  * Activation codes come in blocks of `block` channels, each with its own scale sx[t, g]; per
  * (token, row, block) the product P is an exact int32, and y = sum over blocks of
@@ -48,7 +48,7 @@ int w8_has_simd(void) { return W8_SIMD; }
 static void blocks_one_token(const int8_t *w, const float *s, int64_t kp, int64_t block, int64_t ng,
                              const int16_t *xq, const float *sx, float *y, int64_t b0, int64_t b1) {
     for (int64_t bi = b0; bi < b1; bi++) {
-        const int8_t *wb = w + bi * 4 * kp;
+        const int8_t *wb = w + bi * 4 * kp; /* rows 4bi .. 4bi+3, kp apart */
         const __m128 sw = _mm_loadu_ps(s + 4 * bi);
         __m128 f = _mm_setzero_ps();
         for (int64_t g = 0; g < ng; g++) {
@@ -57,11 +57,11 @@ static void blocks_one_token(const int8_t *w, const float *s, int64_t kp, int64_
             for (int64_t j = a; j < b; j += 32) {
                 const __m256i *xv = (const __m256i *)(xq + j);
                 __m256i x0 = _mm256_loadu_si256(xv), x1 = _mm256_loadu_si256(xv + 1);
-                const int8_t *p = wb + 4 * j;
+                const int8_t *p = wb + j;
                 W8_CHUNK(a0, p, x0, x1);
-                W8_CHUNK(a1, p + 32, x0, x1);
-                W8_CHUNK(a2, p + 64, x0, x1);
-                W8_CHUNK(a3, p + 96, x0, x1);
+                W8_CHUNK(a1, p + kp, x0, x1);
+                W8_CHUNK(a2, p + 2 * kp, x0, x1);
+                W8_CHUNK(a3, p + 3 * kp, x0, x1);
             }
             f = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum4x8(a0, a1, a2, a3)), _mm_mul_ps(sw, _mm_set1_ps(sx[g])), f);
         }
@@ -73,14 +73,14 @@ static void blocks_one_token(const int8_t *w, const float *s, int64_t kp, int64_
 static void rows_four_tokens(const int8_t *w, const float *s, int64_t kp, int64_t block, int64_t ng,
                              const int16_t *xq, const float *sx, float *y, int64_t out, int64_t b0, int64_t b1) {
     for (int64_t o = 4 * b0; o < 4 * b1; o++) {
-        const int8_t *wr = w + (o / 4) * 4 * kp + (o % 4) * 32;
+        const int8_t *wr = w + o * kp;
         __m128 f = _mm_setzero_ps(); /* lanes: the 4 tokens */
         for (int64_t g = 0; g < ng; g++) {
             int64_t a = g * block, b = a + block < kp ? a + block : kp;
             __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                               _mm256_setzero_si256()};
             for (int64_t j = a; j < b; j += 32) {
-                const int8_t *p = wr + 4 * j;
+                const int8_t *p = wr + j;
                 __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
                 __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 16)));
                 for (int i = 0; i < 4; i++) {
@@ -101,13 +101,13 @@ static void rows_four_tokens(const int8_t *w, const float *s, int64_t kp, int64_
 static void rows_portable(const int8_t *w, const float *s, int64_t kp, int64_t block, int64_t ng,
                           const int16_t *xq, const float *sx, float *y, int64_t b0, int64_t b1) {
     for (int64_t o = 4 * b0; o < 4 * b1; o++) {
-        const int8_t *wr = w + (o / 4) * 4 * kp + (o % 4) * 32;
+        const int8_t *wr = w + o * kp;
         float f = 0.f;
         for (int64_t g = 0; g < ng; g++) {
             int64_t a = g * block, b = a + block < kp ? a + block : kp;
             int32_t acc = 0;
             for (int64_t j = a; j < b; j += 32)
-                for (int c = 0; c < 32; c++) acc += wr[4 * j + c] * xq[j + c];
+                for (int c = 0; c < 32; c++) acc += wr[j + c] * xq[j + c];
             f = fmaf((float)acc, s[o] * sx[g], f);
         }
         y[o] = f;
