@@ -9,19 +9,11 @@ from lowbit.io.outputs import OutputPathError
 from lowbit.models import load_model
 from lowbit.models.tiny import tiny_model
 from lowbit.quantize import get_scheme, quantize_model
-
-IDS = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
-
+from tests.io.checkpoints import IDS, save_tiny
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    model = tiny_model("llama")
-    quantize_model(model, get_scheme("w4a4-kv4"), IDS, progress=False)
-    out = tmp_path_factory.mktemp("ckpt") / "q"
-    save_quantized(model, out)
-    with torch.no_grad():
-        logits = model(IDS).logits
-    return out, logits
+    return save_tiny(tmp_path_factory, "w4a4-kv4", "ckpt")
 
 
 @pytest.mark.parametrize("arch,scheme", [("llama", "w4a4-kv4"), ("mixtral", "w4a4"), ("gemma", "w8a8")])

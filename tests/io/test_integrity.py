@@ -7,22 +7,14 @@ import shutil
 import pytest
 import torch
 
-from lowbit.io import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, is_quantized_dir, load_quantized, save_quantized
+from lowbit.io import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, is_quantized_dir, load_quantized
 from lowbit.models import load_model
 from lowbit.models.tiny import tiny_model
-from lowbit.quantize import get_scheme, quantize_model
-
-IDS = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
-
+from tests.io.checkpoints import IDS, save_tiny
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    model = tiny_model("llama")
-    quantize_model(model, get_scheme("w4a4"), IDS, progress=False)
-    out = tmp_path_factory.mktemp("integrity") / "q"
-    save_quantized(model, out)
-    with torch.no_grad():
-        return out, model(IDS).logits
+    return save_tiny(tmp_path_factory, "w4a4", "integrity")
 
 
 def _copy(src, dst):

@@ -68,4 +68,11 @@ static int64_t act_sym_tokens(const void *x, int bf16, int64_t t, int64_t n_in, 
     }
     return bad;
 }
+
+/* The exported entry point a library gives its callers (each library its own name). */
+#define ACT_SYM_EXPORT(name)                                                                                       \
+    int64_t name(const void *x, int bf16, int64_t t, int64_t n_in, int64_t n, int64_t group, int64_t ng, int64_t kp, \
+                 int bits, float clip, int16_t *xq, float *sx, int32_t *xsum, int16_t *oq, float *osx) {           \
+        return act_sym_tokens(x, bf16, t, n_in, n, group, ng, kp, bits, clip, xq, sx, xsum, oq, osx);            \
+    }
 #endif

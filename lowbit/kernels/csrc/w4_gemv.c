@@ -207,8 +207,5 @@ int w4_linear(const uint8_t *w, const float *s4, const int32_t *z4, int64_t out,
     return a16_linear(w4_a16_gemv, &m, out, k, kp, group, ng, 1, x, x_bf16, t, y, y_bf16, threads);
 }
 
-/* The integer kinds' activation codes (act_sym.h) for this library's callers; see act_sym_tokens. */
-int64_t w4_act_sym(const void *x, int bf16, int64_t t, int64_t n_in, int64_t n, int64_t group, int64_t ng, int64_t kp,
-                     int bits, float clip, int16_t *xq, float *sx, int32_t *xsum, int16_t *oq, float *osx) {
-    return act_sym_tokens(x, bf16, t, n_in, n, group, ng, kp, bits, clip, xq, sx, xsum, oq, osx);
-}
+/* The integer kinds' activation codes (act_sym.h) for this library's callers. */
+ACT_SYM_EXPORT(w4_act_sym)

@@ -173,8 +173,5 @@ int w8_linear(const int8_t *w, const float *s, int64_t out, int64_t kp, int64_t 
                       y_bf16, threads);
 }
 
-/* The integer kinds' activation codes (act_sym.h) for this library's callers; see act_sym_tokens. */
-int64_t w8_act_sym(const void *x, int bf16, int64_t t, int64_t n_in, int64_t n, int64_t group, int64_t ng, int64_t kp,
-                     int bits, float clip, int16_t *xq, float *sx, int32_t *xsum, int16_t *oq, float *osx) {
-    return act_sym_tokens(x, bf16, t, n_in, n, group, ng, kp, bits, clip, xq, sx, xsum, oq, osx);
-}
+/* The integer kinds' activation codes (act_sym.h) for this library's callers. */
+ACT_SYM_EXPORT(w8_act_sym)
