@@ -12,10 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
+from lowbit.errors import LowbitError
+
 KINDS = ("w4a16", "w8a16", "w8a8", "w4a4")
 
 
-class KernelError(RuntimeError):
+class KernelError(LowbitError, RuntimeError):
     """A kernel cannot run these parameters or this device (the message says why)."""
 
 
