@@ -132,6 +132,8 @@ def export_compressed_tensors(model: nn.Module, out_dir: str | os.PathLike, toke
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        for f in tmp.iterdir():
+            os.chmod(f, 0o644)  # safetensors writes 0600; an exported model is for other users and servers
         os.chmod(tmp, 0o755)
         if out.exists():
             out.rmdir()  # empty, checked above

@@ -4,6 +4,8 @@ with zero codes to whole words; ``dim=0`` packs along rows instead (zero points)
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 
@@ -11,15 +13,21 @@ def pack_int32(codes: torch.Tensor, bits: int, dim: int = 1) -> torch.Tensor:
     """Unsigned codes ``[rows, cols]`` (values < 2**bits) as int32 words along ``dim``."""
     if not 1 <= bits <= 8:
         raise ValueError(f"bits must be 1..8, got {bits}")
-    v = codes.to(torch.int64)
     if dim == 0:
-        v = v.t()
+        return pack_int32(codes.t(), bits).t().contiguous()
     per = 32 // bits
+    if 8 % bits == 0 and sys.byteorder == "little":  # whole codes per byte: build bytes, view as words
+        v = torch.nn.functional.pad(codes.to(torch.uint8), (0, (-codes.shape[1]) % per))
+        v = v.reshape(v.shape[0], -1, 8 // bits)
+        byte = v[..., 0].clone()
+        for i in range(1, 8 // bits):
+            byte |= v[..., i] << (i * bits)
+        return byte.contiguous().view(torch.int32)
+    v = codes.to(torch.int64)
     rows, cols = v.shape
     v = torch.nn.functional.pad(v, (0, (-cols) % per)).reshape(rows, -1, per)
     words = (v << (torch.arange(per, dtype=torch.int64) * bits)).sum(-1)
-    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
-    return words.t().contiguous() if dim == 0 else words.contiguous()
+    return torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32).contiguous()
 
 
 def unpack_int32(words: torch.Tensor, bits: int, n: int, dim: int = 1) -> torch.Tensor:
