@@ -47,8 +47,6 @@ def weight_problems(name: str, layout) -> list[str]:
         out.append(f"{name}: weights.format={layout.w_format!r} (E2M1 with FP16 scales per {layout.w_group}); "
                    "compressed-tensors holds FP4 only as NVFP4 (E4M3 scales per 16 and a global scale) or "
                    "MXFP4 (E8M0 scales per 32), which lowbit does not quantize to: use an INT scheme")
-    elif layout.w_bits > 8:
-        out.append(f"{name}: {layout.w_bits}-bit weights; compressed-tensors packs 1-8 bits")
     return out
 
 
@@ -87,15 +85,13 @@ def activation_args(name: str, act: dict | None) -> tuple[dict | None, list[str]
 
 
 def module_scheme(name: str, layout, act_order: bool) -> tuple[str, dict, list[str]]:
-    """(format, scheme without targets, problems) of one packed linear."""
+    """(format, scheme without targets, problems) of one packed linear; whole groups are checked
+    apart (:func:`group_problem`), so that one hint can cover every layer."""
     problems = weight_problems(name, layout)
-    g = group_problem(name, layout)
-    if g:
-        problems.append(g)
     inputs, p = activation_args(name, layout.act)
     problems += p
     # lowbit's act order fits static groups in storage order: no g_idx ("weight" = "static" in 0.17)
-    w = _int_args(min(layout.w_bits, 8), layout.w_symmetric, layout.w_group, dynamic=False,
+    w = _int_args(layout.w_bits, layout.w_symmetric, layout.w_group, dynamic=False,
                   actorder="static" if act_order and layout.w_group else None)
     fmt = PACKED if inputs is None else INT
     return fmt, {"weights": w, "input_activations": inputs, "output_activations": None, "format": fmt}, problems

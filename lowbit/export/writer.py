@@ -63,10 +63,11 @@ def plan(model: nn.Module, kv_cache: str = "refuse") -> tuple[dict, dict[str, st
         if not isinstance(m, QuantLinear):
             continue
         fmt, s, p = ct_config.module_scheme(name, m.layout, scheme.gptq.act_order)
+        problems += p
         widths.add(m.layout.in_features)
-        g = [x for x in p if "does not divide" in x]
-        bad_groups += g
-        problems += [x for x in p if x not in g]
+        g = ct_config.group_problem(name, m.layout)
+        if g:
+            bad_groups.append(g)
         schemes[name] = (fmt, s)
     if bad_groups:
         more = f" (and {len(bad_groups) - 3} more layers)" if len(bad_groups) > 3 else ""

@@ -28,6 +28,7 @@ EXPORTABLE = {
     "w4a16-asym-channel": ("w4a16", ["weights.group_size=0", "weights.symmetric=false", "gptq.act_order=false"]),
     "w8a16-channel": ("w4a16", ["weights.bits=8", "weights.group_size=0", "lm_head.bits=16"]),
     "w8a8-smoothquant": ("w8a8", []),
+    "w8a8-asym-weights": ("w8a8", ["weights.symmetric=false"]),
     "w4a4-g32": ("w4a4-rtn", ["weights.group_size=32", "activations.group_size=32"]),
 }
 
