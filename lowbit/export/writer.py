@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from lowbit.nn.experts import UnfusedExperts
 from lowbit.nn.permuted_norm import PermutedNorm
 from lowbit.nn.quant_linear import QuantLinear
 from lowbit.nn.row_sharded import RowShardedLinear
@@ -46,8 +47,24 @@ def _structure_problems(model: nn.Module) -> list[str]:
             out.append(f"{name}: the norm emits permuted channels (outlier reorder); re-quantize with --set outliers.count=0")
         elif isinstance(m, RowShardedLinear):
             out.append(f"{name}: quantized per tensor-parallel slice (--tp); re-quantize without --tp")
-    if getattr(model, "lowbit_scheme", None) is not None and any(type(m).__name__ == "UnfusedExperts" for m in model.modules()):
-        out.append("mixture-of-experts layers are not exported yet")
+    if any(isinstance(m, UnfusedExperts) for m in model.modules()):
+        out.append("mixture-of-experts layers: lowbit unfuses the experts into one linear pair each; mapping them "
+                   "back onto transformers' fused expert tensors is not built yet")
+    return out
+
+
+def _summarize(problems: list[str]) -> list[str]:
+    """One line per kind of problem ("layer: what"), naming its first layers: an Atom checkpoint
+    has the same three problems in each of its 210 linears."""
+    kinds: dict[str, list[str]] = {}
+    for p in problems:
+        where, sep, what = p.partition(": ")
+        kinds.setdefault(what if sep else p, []).append(where if sep else "")
+    out = []
+    for what, names in kinds.items():
+        names = [n for n in names if n]
+        more = f" (and {len(names) - 3} more)" if len(names) > 3 else ""
+        out.append(f"{', '.join(names[:3])}{more}: {what}" if names else what)
     return out
 
 
@@ -70,16 +87,14 @@ def plan(model: nn.Module, kv_cache: str = "refuse") -> tuple[dict, dict[str, st
             bad_groups.append(g)
         schemes[name] = (fmt, s)
     if bad_groups:
-        more = f" (and {len(bad_groups) - 3} more layers)" if len(bad_groups) > 3 else ""
-        problems.append("; ".join(bad_groups[:3]) + more + "; compressed-tensors needs whole groups: "
-                        + ct_config.group_hint(widths))
+        problems += bad_groups + ["compressed-tensors needs whole groups: " + ct_config.group_hint(widths)]
     if not schemes:
         problems.append("no quantized linear layers: nothing compressed-tensors would compress")
     kv = asdict(scheme.kv_cache)
     if kv_cache == "refuse" and ct_config.kv_cache_problem(kv):
         problems.append(ct_config.kv_cache_problem(kv))
     if problems:
-        raise ExportError("cannot export to compressed-tensors:\n  " + "\n  ".join(problems))
+        raise ExportError("cannot export to compressed-tensors:\n  " + "\n  ".join(_summarize(problems)))
     # the most common scheme targets every Linear; the others (e.g. an INT8 LM head) by exact name
     counts: dict[str, int] = {}
     for _, s in schemes.values():

@@ -112,16 +112,19 @@ def _refusal(model, tmp_path, **kw):
 
 def test_refuses_atom_outliers_and_clipped_activations(tmp_path):
     msg = _refusal(_quantized("w4a4", []), tmp_path)
-    assert "outliers.count=0" in msg and "model.layers.0.input_layernorm" in msg
-    assert "activations.clip_ratio=0.9" in msg and "model.layers.1.mlp.down_proj" in msg
+    lines = msg.splitlines()[1:]  # one line per kind of problem, naming its first layers
+    assert any(x.strip().startswith("model.layers.0.input_layernorm") and "outliers.count=0" in x for x in lines)
+    assert any(x.strip().startswith("model.layers.0.self_attn.q_proj") and "activations.clip_ratio=0.9" in x for x in lines)
+    assert len(lines) <= 8  # not one per layer
 
 
 def test_refuses_groups_that_do_not_divide_a_width_and_suggests_one(tmp_path):
     # hidden 96 like SmolLM2's 576: not a multiple of 128 (nor of 64)
     model = _quantized("w4a16", ["weights.group_size=64"], hidden_size=96, intermediate_size=192)
     msg = _refusal(model, tmp_path)
-    assert "model.layers.0.self_attn.q_proj: weights.group_size=64 does not divide its 96 input columns" in msg
-    assert "weights.group_size=32" in msg
+    line = next(x for x in msg.splitlines() if "weights.group_size=64 does not divide its 96 input columns" in x)
+    assert line.strip().startswith("model.layers.0.self_attn.q_proj, ") and "more)" in line
+    assert "--set weights.group_size=32 (divides every width)" in msg
 
 
 def test_refuses_kv4_unless_asked_for_a_float_kv_cache(tmp_path):
