@@ -1,7 +1,7 @@
 """Read a compressed-tensors checkpoint (as llm-compressor writes it) onto lowbit's packed
 modules: INT weights in ``pack-quantized`` (int32 words) or ``int-quantized`` / ``naive-quantized``
-(int8 values), per group or per channel, symmetric or with a zero point, weight-only or with
-dynamic per-token / per-group INT activations. Each targeted ``nn.Linear`` becomes a
+(int8 values), per group (GPTQ act order with ``weight_g_idx`` too) or per channel, symmetric or
+with a zero point, weight-only or with dynamic per-token / per-group INT activations. Each targeted ``nn.Linear`` becomes a
 :class:`QuantLinear` holding the same codes; anything else in the config is refused by name.
 
 Scales are stored FP16 in lowbit; bf16 and fp16 scales convert exactly, wider ones are rounded
@@ -71,8 +71,6 @@ def _check_scheme(name: str, g: dict, fmt: str) -> None:
         bad.append(f"weights {w!r} (lowbit reads INT weights of 2-6 or 8 bits)")
     elif w.get("strategy") not in ("group", "channel"):
         bad.append(f"weights.strategy={w.get('strategy')!r} (lowbit reads group and channel)")
-    elif w.get("actorder") in ("group", "dynamic"):
-        bad.append("weights.actorder='group' (a g_idx column order; lowbit reads static order only)")
     if a is not None:
         if a.get("type") != "int" or not a.get("dynamic") or a.get("strategy") not in ("token", "group"):
             bad.append(f"input_activations {a!r} (lowbit runs dynamic per-token or per-group INT activations)")
@@ -91,7 +89,28 @@ def _fp16_scale(name: str, s: torch.Tensor) -> torch.Tensor:
     return h.float()
 
 
-def _quantized_weight(name: str, t: dict[str, torch.Tensor], w: dict, fmt: str, shape: tuple[int, int]) -> QuantizedWeight:
+def _group_order(name: str, g_idx: torch.Tensor | None, n: int, group: int) -> torch.Tensor | None:
+    """The input permutation that makes ``weight_g_idx``'s groups (GPTQ act order "group")
+    contiguous, which lowbit's QuantLinear applies to its input; None for storage order."""
+    if g_idx is None or not group:
+        return None
+    g_idx = g_idx.long().reshape(-1)
+    if g_idx.numel() != n:
+        _bad(name, f"weight_g_idx has {g_idx.numel()} entries for {n} columns")
+    if torch.equal(g_idx, torch.arange(n) // group):
+        return None
+    perm = torch.argsort(g_idx, stable=True)
+    if not torch.equal(g_idx[perm], torch.arange(n) // group):
+        _bad(name, f"weight_g_idx does not give every group {group} columns")
+    return perm
+
+
+def _bad(name: str, what: str):
+    raise CheckpointError(f"{name}: {what}")
+
+
+def _quantized_weight(name: str, t: dict[str, torch.Tensor], w: dict, fmt: str,
+                      shape: tuple[int, int]) -> tuple[QuantizedWeight, torch.Tensor | None]:
     bits, sym = w["num_bits"], bool(w.get("symmetric", True))
     out, n = shape
     offset = 2 ** (bits - 1)
@@ -113,8 +132,11 @@ def _quantized_weight(name: str, t: dict[str, torch.Tensor], w: dict, fmt: str, 
         else:
             z = (z.reshape(out, -1).to(torch.int16) + offset).to(torch.uint8)
         zero = z.reshape(out, -1).to(torch.int32)
+    perm = _group_order(name, t.get("weight_g_idx"), n, group)
+    if perm is not None:
+        codes = codes[:, perm]  # groups contiguous; the layer permutes its input the same way
     return QuantizedWeight(codes, scale, zero, torch.zeros(out, 0, dtype=torch.int8), torch.ones(out),
-                           Grid(bits, sym, "int", torch.float16), group)
+                           Grid(bits, sym, "int", torch.float16), group), perm
 
 
 def _act_args(a: dict | None) -> ActArgs | None:
@@ -172,11 +194,11 @@ def load_compressed_tensors(path: str | Path, device: str = "cpu"):
         for k in list(local):
             state.pop(f"{name}.{k}")
         try:
-            qw = _quantized_weight(name, local, g["weights"], fmt, (lin.out_features, lin.in_features))
+            qw, perm = _quantized_weight(name, local, g["weights"], fmt, (lin.out_features, lin.in_features))
         except KeyError as e:
             raise CheckpointError(f"{name}: tensor {e} is missing for format {fmt!r}") from e
         bias = local.get("bias")
-        new = QuantLinear.from_quantized(qw, _act_args(g.get("input_activations")), None,
+        new = QuantLinear.from_quantized(qw, _act_args(g.get("input_activations")), perm,
                                          bias.float() if bias is not None else None, "int8")
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, new)

@@ -24,6 +24,8 @@ IDS = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
 SCHEMES = {
     "w4a16-asym-g32": dict(weights=QuantizationArgs(num_bits=4, strategy="group", group_size=32, symmetric=False)),
     "w4a16-sym-g32": dict(weights=QuantizationArgs(num_bits=4, strategy="group", group_size=32, symmetric=True)),
+    "w4a16-actorder-group": dict(weights=QuantizationArgs(num_bits=4, strategy="group", group_size=32, symmetric=True,
+                                                          actorder="group")),
     "w8a8": dict(weights=QuantizationArgs(num_bits=8, strategy="channel", symmetric=True),
                  input_activations=QuantizationArgs(num_bits=8, strategy="token", symmetric=True, dynamic=True)),
 }
@@ -40,6 +42,11 @@ def ct_checkpoint(out, scheme: dict, ignore=("lm_head",)):
         if s is None:
             continue
         w = m.weight.data
+        if s.weights.actorder == "group":  # GPTQ act order: groups of columns in some other order
+            gen = torch.Generator().manual_seed(w.shape[0])
+            g_idx = (torch.arange(w.shape[1]) // s.weights.group_size)[torch.randperm(w.shape[1], generator=gen)]
+            m.weight_g_idx.data.copy_(g_idx)
+            w = w[:, torch.argsort(g_idx, stable=True)]
         blocks = w.reshape(w.shape[0], -1, s.weights.group_size if s.weights.strategy == "group" else w.shape[1])
         scale, zp = calculate_qparams(blocks.amin(-1), blocks.amax(-1), s.weights)
         m.weight_scale.data.copy_(scale.reshape(m.weight_scale.shape))
@@ -64,8 +71,15 @@ def test_load_model_runs_a_compressed_tensors_checkpoint_on_quantlinear(tmp_path
     with torch.no_grad():
         a, b = ours(IDS).logits, theirs(IDS).logits  # transformers decompresses on its first forward
     for name, m in mods.items():
-        assert torch.equal(m.dequantized_weight(), theirs.get_submodule(name).weight), name
-    if key == "w8a8":
+        w = theirs.get_submodule(name).weight
+        if m.input_perm is not None:  # lowbit keeps act-order groups contiguous and permutes the input
+            assert key == "w4a16-actorder-group"
+            w = w[:, m.input_perm]
+        assert torch.equal(m.dequantized_weight(), w), name
+    if key == "w4a16-actorder-group":
+        assert all(m.input_perm is not None for m in mods.values())
+        assert torch.allclose(a, b, rtol=0, atol=1e-5)  # the same products, summed in another order
+    elif key == "w8a8":
         assert all(m.act_args.bits == 8 and m.act_args.group_size == 0 for m in mods.values())
         # each side quantizes activations per token with its own grid (lowbit: signed absmax on -128)
         assert (a - b).abs().max() <= 0.05 * b.abs().max() and not torch.equal(a, b)
@@ -87,8 +101,8 @@ def _edit_config(out, fn):
 
 def test_refuses_what_lowbit_cannot_run_by_name(tmp_path):
     out = ct_checkpoint(tmp_path / "c", SCHEMES["w4a16-sym-g32"])
-    _edit_config(out, lambda q: q["config_groups"]["group_0"]["weights"].update(actorder="group"))
-    with pytest.raises(CheckpointError, match=r"model.layers.0.self_attn.q_proj: .*actorder='group'"):
+    _edit_config(out, lambda q: q["config_groups"]["group_0"]["weights"].update(strategy="tensor", group_size=None))
+    with pytest.raises(CheckpointError, match=r"model.layers.0.self_attn.q_proj: .*strategy='tensor'"):
         load_model(str(out))
     _edit_config(out, lambda q: q.update(kv_cache_scheme={"num_bits": 8, "type": "float"}))
     with pytest.raises(CheckpointError, match="kv_cache_scheme"):
