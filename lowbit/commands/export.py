@@ -1,0 +1,66 @@
+"""``lowbit export CHECKPOINT --format compressed-tensors --out DIR``: a lowbit checkpoint as a
+folder that vLLM and transformers load (compressed-tensors), or an error naming what the format
+cannot hold."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write a lowbit checkpoint in another format (compressed-tensors, for vLLM / transformers)",
+        description="Export a checkpoint written by `lowbit quantize --out` as a Hugging Face folder in the "
+        "compressed-tensors format (config.json with quantization_config, safetensors, tokenizer). W4A16 / W8A16 "
+        "(symmetric or not, per group or channel), W8A8 and W4A4 without outliers export; INT8 outlier channels, "
+        "FP4 with FP16 scales, groups that do not divide a layer's width and an INT4 KV cache are refused.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("checkpoint", help="a lowbit-quantized checkpoint directory")
+    p.add_argument("--format", default="compressed-tensors", choices=["compressed-tensors"], help="target format")
+    p.add_argument("--out", required=True, help="new (or empty) output folder")
+    p.add_argument("--kv-cache", default="refuse", choices=["refuse", "float"],
+                   help="a quantized KV cache cannot be expressed: refuse, or export the weights with a float KV cache")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import json
+    import sys
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from lowbit.export import ExportError, export_compressed_tensors
+    from lowbit.export.writer import check_out_dir
+    from lowbit.io import CheckpointError, is_quantized_dir, load_quantized
+
+    console = Console()
+    try:
+        check_out_dir(args.out)
+    except FileExistsError as e:
+        console.print(f"[red]{e}[/red]")
+        return 2
+    if not is_quantized_dir(args.checkpoint):
+        console.print(f"[red]{args.checkpoint} is not a lowbit checkpoint (no lowbit_config.json); "
+                      "make one with `lowbit quantize MODEL --scheme S --out DIR`[/red]")
+        return 2
+    try:
+        model, tok = load_quantized(args.checkpoint)
+        out = export_compressed_tensors(model, args.out, tok, kv_cache=args.kv_cache)
+    except (ExportError, CheckpointError) as e:
+        print(e, file=sys.stderr)
+        return 2
+    q = json.loads((Path(out) / "config.json").read_text())["quantization_config"]
+    for name, g in q["config_groups"].items():
+        w, a = g["weights"], g["input_activations"]
+        act = f"A{a['num_bits']} {a['strategy']}" if a else "A16"
+        console.print(f"{name}: {g['format']} W{w['num_bits']} {w['strategy']}"
+                      f"{'' if not w['group_size'] else w['group_size']} {'sym' if w['symmetric'] else 'asym'} {act}"
+                      f" -> {', '.join(g['targets'][:3])}{' ...' if len(g['targets']) > 3 else ''}")
+    if q["ignore"]:
+        console.print(f"left float: {', '.join(q['ignore'])}")
+    size = sum(f.stat().st_size for f in Path(out).iterdir() if f.is_file())
+    console.print(f"wrote {out} ({size / 2**20:.1f} MiB)")
+    return 0

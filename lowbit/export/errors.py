@@ -1,0 +1,6 @@
+"""The one error an export raises for what the target format cannot hold."""
+
+
+class ExportError(ValueError):
+    """The checkpoint holds something the target format cannot express; the message names the
+    scheme field or layer and says what would export."""
