@@ -24,6 +24,9 @@ def run(args) -> int:
     from lowbit.io.atomic import write_text
     from lowbit.bench.machine import report
 
+    from lowbit.io.outputs import check_output_file
+
+    check_output_file(args.json, "--json")  # before the report's work
     rep = report()
     console = Console()
     cpu = rep["cpu"]

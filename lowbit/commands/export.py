@@ -27,31 +27,22 @@ def register(sub) -> None:
 
 def run(args) -> int:
     import json
-    import sys
     from pathlib import Path
 
     from rich.console import Console
 
-    from lowbit.export import ExportError, export_compressed_tensors
+    from lowbit.errors import UsageError
+    from lowbit.export import export_compressed_tensors
     from lowbit.export.writer import check_out_dir
-    from lowbit.io import CheckpointError, is_quantized_dir, load_quantized
+    from lowbit.io import is_quantized_dir, load_quantized
 
     console = Console()
-    try:
-        check_out_dir(args.out)
-    except FileExistsError as e:
-        console.print(f"[red]{e}[/red]")
-        return 2
+    check_out_dir(args.out)  # before any loading: an unusable --out is one line, exit 2 (lowbit.cli)
     if not is_quantized_dir(args.checkpoint):
-        console.print(f"[red]{args.checkpoint} is not a lowbit checkpoint (no lowbit_config.json); "
-                      "make one with `lowbit quantize MODEL --scheme S --out DIR`[/red]")
-        return 2
-    try:
-        model, tok = load_quantized(args.checkpoint)
-        out = export_compressed_tensors(model, args.out, tok, kv_cache=args.kv_cache)
-    except (ExportError, CheckpointError) as e:
-        print(e, file=sys.stderr)
-        return 2
+        raise UsageError(f"{args.checkpoint} is not a lowbit checkpoint (no lowbit_config.json); "
+                         "make one with `lowbit quantize MODEL --scheme S --out DIR`")
+    model, tok = load_quantized(args.checkpoint)
+    out = export_compressed_tensors(model, args.out, tok, kv_cache=args.kv_cache)  # ExportError: one line too
     q = json.loads((Path(out) / "config.json").read_text())["quantization_config"]
     for name, g in q["config_groups"].items():
         w, a = g["weights"], g["input_activations"]

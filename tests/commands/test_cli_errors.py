@@ -81,6 +81,12 @@ PARSE_ERRORS = [
     (["tune", "allreduce", "--timeout", "0"], r"--timeout"),
     (["tune", "allreduce", "--repeats", "0"], r"--repeats"),
     (["tune", "allreduce", "--dtypes", "int8"], r"unknown dtype 'int8'"),
+    (["export", "no-such-checkpoint"], r"the following arguments are required: --out"),
+    (["export", "--format", "onnx", "x", "--out", "y"], r"--format: invalid choice: 'onnx'"),
+    (["export", "--kv-cache", "int4", "x", "--out", "y"], r"--kv-cache: invalid choice"),
+    (["export", "no-such-checkpoint", "--out", "fresh-export-dir"], r"is not a lowbit checkpoint"),
+    (["env", "--bogus"], r"unrecognized arguments: --bogus"),
+    (["env", "--json", "/proc/no-such/env.json"], r"/proc/no-such"),
     (["nope"], r"invalid choice: 'nope'"),
 ]
 

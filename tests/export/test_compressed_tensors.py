@@ -147,7 +147,8 @@ def test_cli_checks_the_output_before_work_and_exports(tmp_path, capsys):
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "x").write_text("mine")
     assert main(["export", str(tmp_path / "ckpt"), "--out", str(tmp_path / "taken")]) == 2
-    assert "refusing to overwrite" in capsys.readouterr().out
+    err = capsys.readouterr().err  # one line through lowbit's error path
+    assert err.startswith("lowbit: error: ") and "refusing to overwrite" in err and err.count("\n") == 1
     assert main(["export", str(tmp_path / "ckpt"), "--format", "compressed-tensors", "--out", str(tmp_path / "ct")]) == 0
     assert {p.name for p in (tmp_path / "ct").iterdir()} == {"config.json", "model.safetensors"}
     assert (tmp_path / "taken" / "x").read_text() == "mine"
