@@ -58,7 +58,8 @@ def register(sub) -> None:
 
     pz = kinds.add_parser("zeroshot", help="zero-shot accuracy (PIQA, ARC, BoolQ, WinoGrande, LAMBADA)", description=ZS_HELP)
     _common(pz)
-    pz.add_argument("--tasks", nargs="+", default=["all"], help="task names or 'all': piqa arc_easy arc_challenge boolq winogrande lambada_openai")
+    pz.add_argument("--tasks", nargs="+", default=["all"], help="task names or 'all': piqa arc_easy arc_challenge boolq winogrande lambada_openai; or "
+                         "a path to your own .jsonl set of {\"query\", \"choices\", \"gold\"} lines (scored as PIQA/ARC)")
     pz.add_argument("--limit", type=positive_int, default=None, help="score only the first N items of each task")
     pz.set_defaults(func=run_zeroshot)
 

@@ -13,11 +13,14 @@ lm-evaluation-harness 0.4 formats the same tasks so that the numbers are compara
   ``" " + continuation`` (the rest of the sentence), as in the harness's ``winogrande`` task.
 * LAMBADA OpenAI (``{"context","continuation"}``): one pair, continuation = ``" " + last word``;
   the item is correct when greedy decoding reproduces every continuation token.
+* A user's multiple-choice set: a task given as a path to a ``.jsonl`` file of
+  ``{"query","choices","gold"}`` lines, formatted and scored as PIQA/ARC are.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +58,18 @@ class ZeroShotItem:
     choice_texts: tuple[str, ...]
 
 
+def is_user_set(name: str) -> bool:
+    """A task named by a file path (``*.jsonl`` or containing a path separator), not a shipped task."""
+    return name.endswith(".jsonl") or os.sep in name
+
+
 def canonical_task(name: str) -> str:
+    """The shipped task's canonical name, or a user's set's path (which must exist)."""
+    if is_user_set(name):
+        if not Path(name).is_file():
+            raise FileNotFoundError(f"zero-shot set not found: {name} (a user's set is a .jsonl file of "
+                                    '{"query", "choices", "gold"} lines)')
+        return name
     key = name.strip().lower()
     key = TASK_ALIASES.get(key, key)
     if key not in TASK_FILES:
@@ -71,7 +85,10 @@ def _check(obj: dict, keys: tuple[str, ...], where: str) -> None:
 
 def parse_item(task: str, obj: dict, where: str = "item") -> ZeroShotItem:
     """Turn one JSON object of ``task`` into a :class:`ZeroShotItem` (clear error if malformed)."""
-    task = canonical_task(task)
+    if not is_user_set(task):
+        task = canonical_task(task)
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     d = TARGET_DELIMITER
     if task == "winogrande":
         _check(obj, ("context_options", "continuation", "gold"), where)
@@ -87,6 +104,10 @@ def parse_item(task: str, obj: dict, where: str = "item") -> ZeroShotItem:
         pairs, texts, gold, kind = ((ctx.rstrip(), d + cont),), (cont,), 0, "greedy"
     else:
         _check(obj, ("query", "choices", "gold"), where)
+        if not isinstance(obj["query"], str) or not isinstance(obj["choices"], list):
+            raise ValueError(f"{where}: 'query' must be a string and 'choices' a list")
+        if not isinstance(obj["gold"], int) or isinstance(obj["gold"], bool):
+            raise ValueError(f"{where}: 'gold' must be an integer index, got {obj['gold']!r}")
         ctx = obj["query"].rstrip() + "\nAnswer:"
         choices = [str(c) for c in obj["choices"]]
         pairs = tuple((ctx, d + c) for c in choices)
@@ -99,11 +120,12 @@ def parse_item(task: str, obj: dict, where: str = "item") -> ZeroShotItem:
 
 
 def load_task(task: str, limit: int | None = None, path: str | Path | None = None) -> list[ZeroShotItem]:
-    """The first ``limit`` items (all when None) of ``task``, read from the shared data or ``path``."""
+    """The first ``limit`` items (all when None) of ``task``, read from the shared data or ``path``
+    (a user's set is its own path)."""
     task = canonical_task(task)
     if limit is not None and limit <= 0:
         raise ValueError(f"limit must be positive, got {limit}")
-    file = Path(path) if path is not None else data_file(TASK_FILES[task])
+    file = Path(path) if path is not None else Path(task) if is_user_set(task) else data_file(TASK_FILES[task])
     if not file.is_file():
         raise FileNotFoundError(f"zero-shot data file not found: {file}")
     items: list[ZeroShotItem] = []

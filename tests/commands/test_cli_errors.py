@@ -45,6 +45,7 @@ PARSE_ERRORS = [
     (["eval", "ppl", "--dataset", "no-such-file.txt"], r"unknown evaluation dataset"),
     (["eval", "zeroshot", "--limit", "0"], r"--limit"),
     (["eval", "zeroshot", "--tasks", "hellaswag"], r"unknown zero-shot task"),
+    (["eval", "zeroshot", "--tasks", "no-such-set.jsonl"], r"zero-shot set not found: no-such-set.jsonl"),
     (["eval", "kl"], r"the following arguments are required: --ref"),
     (["eval", "kl", "--ref", "default", "--top-k", "0"], r"--top-k"),
     (["eval", "compare", "missing-a.json", "missing-b.json"], r"missing-a.json"),

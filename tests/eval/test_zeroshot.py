@@ -70,3 +70,41 @@ def test_real_model_gets_hand_made_items_right():
     assert res.acc == 1.0
     lam = [ZeroShotItem(pairs=(("One, two, three, four, five, six, seven, eight, nine,", " ten"),), gold=0, kind="greedy", choice_texts=("ten",))]
     assert evaluate_items(model, tok, "lambada_openai", lam, progress=False).acc == 1.0
+
+
+def test_a_users_jsonl_set_is_scored_like_arc(tiny, tokenizer, tmp_path):
+    """`--tasks path/to/set.jsonl`: the shipped sets' shape, formatted and scored as PIQA/ARC are."""
+    import json
+
+    from lowbit.data.paths import data_file
+    from lowbit.eval.zeroshot import evaluate_task
+
+    items = load_task("arc_easy", limit=5)
+    with open(data_file("zeroshot/arc_easy.jsonl"), encoding="utf-8") as f:
+        raw = [json.loads(next(f)) for _ in range(5)]
+    own = tmp_path / "my_set.jsonl"
+    own.write_text("".join(json.dumps(o) + "\n" for o in raw) + "\n")
+    assert load_task(str(own)) == items
+    mine = evaluate_task(tiny, tokenizer, str(own), batch_size=4, progress=False)
+    ref = evaluate_items(tiny, tokenizer, "arc_easy", items, batch_size=4, progress=False)
+    assert (mine.acc, mine.acc_norm, mine.n_items) == (ref.acc, ref.acc_norm, 5)
+
+
+@pytest.mark.parametrize("line,message", [
+    ('{"query": "Q", "choices": ["a", "b"]}', r"set.jsonl:2: missing field\(s\) \['gold'\]"),
+    ('{"query": "Q", "choices": ["a", "b"], "gold": 2}', r"set.jsonl:2: gold index 2 out of range"),
+    ('{"query": "Q", "choices": ["a", "b"], "gold": "1"}', r"set.jsonl:2: 'gold' must be an integer"),
+    ('{"query": "Q", "choices": "ab", "gold": 0}', r"set.jsonl:2: 'query' must be a string and 'choices' a list"),
+    ('[1, 2]', r"set.jsonl:2: expected a JSON object"),
+    ('{"query": "Q", ', r"set.jsonl:2: not valid JSON"),
+])
+def test_a_malformed_line_of_a_users_set_is_named(tmp_path, line, message):
+    own = tmp_path / "set.jsonl"
+    own.write_text('{"query": "Question: ok?", "choices": ["yes", "no"], "gold": 0}\n' + line + "\n")
+    with pytest.raises(ValueError, match=message):
+        load_task(str(own))
+
+
+def test_a_missing_users_set_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="zero-shot set not found"):
+        load_task(str(tmp_path / "nope.jsonl"))
