@@ -27,7 +27,8 @@
 
 #define POOL_MAX_WORKERS 63
 #define POOL_MAX_ITEMS 0xffff
-#define POOL_SPIN 20000 /* pause loops (~0.1-1 ms) a worker waits for the next call before sleeping */
+#define POOL_SPIN 2000 /* pause loops (~0.05-0.1 ms) a worker waits for the next call before it sleeps: long enough
+                        * for back-to-back decode calls, short enough not to hold a core from torch's threads */
 
 typedef void (*pool_item_fn)(const void *ctx, int64_t item);
 
