@@ -58,7 +58,7 @@ class W4A4Prepared:
 @dataclass
 class W4A4NativePrepared:
     normal: cpu_w4_gemv.W4GemvPrepared  # packed INT4 weights of the normal channels
-    outlier: torch.Tensor  # float32 [k, out] (INT8 values)
+    outlier: torch.Tensor  # float32 [k, out] (INT8 values); [k, 0] when outlier_native holds them
     outlier_scale: torch.Tensor  # float32 [out]
     act: ActSpec
     bias: torch.Tensor | None
@@ -90,8 +90,10 @@ def prepare(p: LinearParams, method: str | None = None):
         raise KernelError(f"exact float32 group products need INT4 activations and g·64 < 2^24, got A{p.act.bits} g{g}")
     if method == "native":
         o8 = cpu_w8_gemv.prepare(p.outlier, p.outlier_scale) if p.n_outliers and cpu_w8_gemv.available() else None
-        return W4A4NativePrepared(cpu_w4_gemv.prepare(p, kinds=("w4a4",)), p.outlier.t().float().contiguous(),
-                                  p.outlier_scale.contiguous(), p.act, p.bias, outlier_native=o8)
+        # the float32 copy only where the 8-bit kernel did not build (else [k, 0]: no bytes, k kept)
+        o32 = p.outlier.t().float().contiguous() if o8 is None else torch.empty(p.n_outliers, 0)
+        return W4A4NativePrepared(cpu_w4_gemv.prepare(p, kinds=("w4a4",)), o32, p.outlier_scale.contiguous(), p.act,
+                                  p.bias, outlier_native=o8)
     out, n = p.codes.shape
     ng = p.scale.shape[1]
     w = F.pad(p.codes, (0, ng * g - n)).reshape(out, ng, g)
