@@ -16,14 +16,11 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    import json
-
     from rich.console import Console
     from rich.table import Table
 
-    from lowbit.io.atomic import write_text
     from lowbit.bench.machine import report
-
+    from lowbit.io.atomic import write_json
     from lowbit.io.outputs import check_output_file
 
     check_output_file(args.json, "--json")  # before the report's work
@@ -56,6 +53,6 @@ def run(args) -> int:
         kinds.add_row(kind, impl)
     console.print(kinds)
     if args.json:
-        write_text(args.json, json.dumps(rep, indent=2))
+        write_json(args.json, rep)
         console.print(f"wrote {args.json}")
     return 0

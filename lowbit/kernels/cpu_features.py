@@ -5,6 +5,7 @@ without the CPU it ran on cannot be compared."""
 
 from __future__ import annotations
 
+import os
 import platform
 from functools import lru_cache
 from pathlib import Path
@@ -29,8 +30,6 @@ def cpu_info() -> dict:
             model = value.strip()
         elif key in ("flags", "Features") and not flags:
             flags = set(value.split())
-    import os
-
     return {"model": model, "machine": platform.machine(), "cores": os.cpu_count(),
             "features": {f: f in flags for f in FEATURES}}
 

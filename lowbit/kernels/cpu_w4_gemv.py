@@ -50,6 +50,14 @@ def available() -> bool:
     return library() is not None
 
 
+def _built(lib: ctypes.CDLL | None) -> ctypes.CDLL:
+    """``lib``, else the best build; a KernelError where none could be built."""
+    lib = lib or library()
+    if lib is None:
+        raise KernelError("w4 native kernel: no C compiler could build it")
+    return lib
+
+
 # byte c of a chunk holds channel _LOW[c] in its low nibble and _LOW[c] + 32 in its high one: the
 # order in which AVX2's per-128-bit-lane byte unpacks hand the nibbles to 16-lane int16 products
 _LOW = torch.tensor([(c & 15) // 8 * 16 + (c >> 4) * 8 + (c & 7) for c in range(32)])
@@ -135,9 +143,7 @@ def prepare(p: LinearParams, kinds: tuple[str, ...] = ("w4a16",)) -> W4GemvPrepa
 def run(x: torch.Tensor, w: W4GemvPrepared, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """``x [..., in]`` (float32 or bfloat16; others are converted to float32) → ``[..., out]`` of
     x's dtype."""
-    lib = lib or library()
-    if lib is None:
-        raise KernelError("w4 gemv kernel: no C compiler could build it")
+    lib = _built(lib)
     return a16_call.call(lib.w4_linear, w.args, w.n_in, w.args[3], w.out, w.bias, x, "w4 gemv kernel")
 
 
@@ -145,9 +151,7 @@ def run_codes(codes: torch.Tensor, scale: torch.Tensor, w: W4GemvPrepared, lib: 
     """Σ_groups scale[t, g]·w_scale[o, g]·(exact integer group product) for activation codes
     ``codes [t, n]`` (any integer dtype, |code| ≤ 32767) and their group scales ``scale [t, groups]``
     → ``[t, out]`` float32 (no bias)."""
-    lib = lib or library()
-    if lib is None:
-        raise KernelError("w4 native kernel: no C compiler could build it")
+    lib = _built(lib)
     ng = w.scale.shape[1]
     if codes.dim() != 2 or codes.shape[1] != w.n_in or codes.device.type != "cpu":
         raise ValueError(f"w4 native kernel: codes must be CPU [tokens, {w.n_in}], got {tuple(codes.shape)}")
@@ -175,9 +179,7 @@ def quantize_and_run(x: torch.Tensor, w: W4GemvPrepared, n_outliers: int, bits: 
     """W4A4's normal channels in two C calls: ``x [t, in]`` (outlier channels last) → per-token
     symmetric ``bits``-bit codes per weight group (:mod:`.native_act`) → the GEMV; returns ``[t,
     out]`` float32 (no bias) and the codes (the caller's outlier product needs them)."""
-    lib = lib or library()
-    if lib is None:
-        raise KernelError("w4 native kernel: no C compiler could build it")
+    lib = _built(lib)
     if x.dim() != 2 or x.shape[1] != w.n_in + n_outliers:
         raise ValueError(f"w4 native kernel: activations must be [tokens, {w.n_in + n_outliers}], got {tuple(x.shape)}")
     ng = w.scale.shape[1]

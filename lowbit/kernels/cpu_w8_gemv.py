@@ -44,6 +44,14 @@ def available() -> bool:
     return library() is not None
 
 
+def _built(lib: ctypes.CDLL | None) -> ctypes.CDLL:
+    """``lib``, else the best build; a KernelError where none could be built."""
+    lib = lib or library()
+    if lib is None:
+        raise KernelError("w8 native kernel: no C compiler could build it")
+    return lib
+
+
 @dataclass
 class W8GemvPrepared:
     packed: torch.Tensor  # int8 [out_pad, kp], row-major (torch._int_mm reads it as it is)
@@ -76,17 +84,13 @@ def prepare(codes: torch.Tensor, scale: torch.Tensor) -> W8GemvPrepared:
 def run(x: torch.Tensor, w: W8GemvPrepared, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """W8A16: ``x [..., in]`` (float32 or bfloat16; others are converted to float32) → ``[..., out]``
     of x's dtype."""
-    lib = lib or library()
-    if lib is None:
-        raise KernelError("w8 native kernel: no C compiler could build it")
+    lib = _built(lib)
     return a16_call.call(lib.w8_linear, w.args, w.n_in, w.args[2], w.out, w.bias, x, "w8 native kernel")
 
 
 def run_codes(codes: torch.Tensor, scale: torch.Tensor, w: W8GemvPrepared, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """``float(codes [t, in] · weight rows) * (w_scale * scale [t])`` → ``[t, out]`` float32."""
-    lib = lib or library()
-    if lib is None:
-        raise KernelError("w8 native kernel: no C compiler could build it")
+    lib = _built(lib)
     if codes.dim() != 2 or codes.shape[1] != w.n_in or codes.device.type != "cpu":
         raise ValueError(f"w8 native kernel: codes must be CPU [tokens, {w.n_in}], got {tuple(codes.shape)}")
     t = codes.shape[0]
@@ -99,9 +103,7 @@ def run_codes(codes: torch.Tensor, scale: torch.Tensor, w: W8GemvPrepared, lib: 
 def run_int16_codes(codes: torch.Tensor, scale: torch.Tensor, w: W8GemvPrepared, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """:func:`run_codes` for int16 codes ``[t, in]`` (|code| ≤ 32767) that need no cast: W4A4's
     outlier channels as :mod:`.native_act` returns them."""
-    lib = lib or library()
-    if lib is None:
-        raise KernelError("w8 native kernel: no C compiler could build it")
+    lib = _built(lib)
     if codes.dtype != torch.int16 or codes.dim() != 2 or codes.shape[1] != w.n_in or scale.numel() != codes.shape[0]:
         raise ValueError(f"w8 native kernel: int16 codes [tokens, {w.n_in}] and one scale per token, got "
                          f"{codes.dtype} {tuple(codes.shape)} / {tuple(scale.shape)}")
@@ -118,14 +120,19 @@ def _gemv_codes(lib, xq: torch.Tensor, sx: torch.Tensor, w: W8GemvPrepared) -> t
     return y[:, :w.out] if out_pad != w.out else y
 
 
-def quantize_and_run(x: torch.Tensor, w: W8GemvPrepared, bits: int, clip: float,
-                     lib: ctypes.CDLL | None = None) -> torch.Tensor:
-    """W8A8 in two C calls: ``x [t, in]`` → per-token symmetric ``bits``-bit codes (:mod:`.native_act`)
-    → the GEMV; ``[t, out]`` float32 (no bias)."""
-    lib = lib or library()
-    if lib is None:
-        raise KernelError("w8 native kernel: no C compiler could build it")
+def act_codes(x: torch.Tensor, w: W8GemvPrepared, bits: int, clip: float,
+              lib: ctypes.CDLL | None = None) -> native_act.NativeCodes:
+    """Per-token symmetric ``bits``-bit codes of ``x [t, in]`` (:mod:`.native_act`), padded to the
+    weight's width: what the GEMV and ``torch._int_mm`` on this layout both read."""
+    lib = _built(lib)
     if x.dim() != 2 or x.shape[1] != w.n_in:
         raise ValueError(f"w8 native kernel: activations must be [tokens, {w.n_in}], got {tuple(x.shape)}")
-    c = native_act.symmetric_codes(lib.w8_act_sym, x, 0, w.n_in, 1, w.k_pad, bits, clip)
+    return native_act.symmetric_codes(lib.w8_act_sym, x, 0, w.n_in, 1, w.k_pad, bits, clip)
+
+
+def quantize_and_run(x: torch.Tensor, w: W8GemvPrepared, bits: int, clip: float,
+                     lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """W8A8 in two C calls: :func:`act_codes`, then the GEMV; ``[t, out]`` float32 (no bias)."""
+    lib = _built(lib)
+    c = act_codes(x, w, bits, clip, lib)
     return _gemv_codes(lib, c.xq, c.scale, w)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import cpu_w8_gemv, native_act
+from . import cpu_w8_gemv
 from .act_quant import quantize_tokens
 from .cpu_features import cpu_info
 from .params import ActSpec, KernelError, LinearParams
@@ -106,10 +106,7 @@ def run(x: torch.Tensor, w) -> torch.Tensor:
 def _int_mm_on_native(x: torch.Tensor, w: cpu_w8_gemv.W8GemvPrepared, act: ActSpec) -> torch.Tensor:
     """The native layout's bytes through ``torch._int_mm``: C activation codes, the exact int32
     product, the same float32 rescale (the native kernel's bits)."""
-    lib = cpu_w8_gemv.library()
-    if x.shape[1] != w.n_in:
-        raise ValueError(f"w8a8 linear expects [tokens, {w.n_in}] input, got {tuple(x.shape)}")
-    c = native_act.symmetric_codes(lib.w8_act_sym, x, 0, w.n_in, 1, w.k_pad, act.bits, act.clip)
+    c = cpu_w8_gemv.act_codes(x, w, act.bits, act.clip)
     prod = torch._int_mm(c.xq.to(torch.int8), w.packed.t())
     if prod.shape[1] != w.out:
         prod = prod[:, :w.out]

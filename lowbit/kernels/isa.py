@@ -29,17 +29,22 @@ class Variant:
     needs: tuple[str, ...]  # /proc/cpuinfo feature names
 
 
-_AVX2 = ("-mavx2", "-mfma", "-mf16c")
-_AVX512 = _AVX2 + ("-mavx512f", "-mavx512bw", "-mavx512vl")
+    def plus(self, name: str, pairs: tuple[tuple[str, str], ...]) -> "Variant":
+        """This variant with more (compiler flag, cpuinfo feature) pairs."""
+        return Variant(name, self.flags + tuple(f for f, _ in pairs), self.needs + tuple(n for _, n in pairs))
+
+
+_PORTABLE = Variant("portable", (), ())
+_AVX2 = _PORTABLE.plus("avx2", (("-mavx2", "avx2"), ("-mfma", "fma"), ("-mf16c", "f16c")))
+_AVX512 = _AVX2.plus("avx512", (("-mavx512f", "avx512f"), ("-mavx512bw", "avx512bw"), ("-mavx512vl", "avx512vl")))
+_AVX512VNNI = _AVX512.plus("avx512vnni", (("-mavx512vnni", "avx512_vnni"),))
 VARIANTS = (  # narrowest first
-    Variant("portable", (), ()),
-    Variant("avx2", _AVX2, ("avx2", "fma", "f16c")),
-    Variant("avxvnni", _AVX2 + ("-mavxvnni",), ("avx2", "fma", "f16c", "avx_vnni")),
-    Variant("avx512", _AVX512, ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl")),
-    Variant("avx512vnni", _AVX512 + ("-mavx512vnni",),
-            ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")),
-    Variant("avx512bf16", _AVX512 + ("-mavx512vnni", "-mavx512bf16"),
-            ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16")),
+    _PORTABLE,
+    _AVX2,
+    _AVX2.plus("avxvnni", (("-mavxvnni", "avx_vnni"),)),
+    _AVX512,
+    _AVX512VNNI,
+    _AVX512VNNI.plus("avx512bf16", (("-mavx512bf16", "avx512_bf16"),)),
 )
 BY_NAME = {v.name: v for v in VARIANTS}
 
