@@ -33,8 +33,11 @@ WEIGHTS_NAME = "model.safetensors"
 
 
 def check_out_dir(out: str | os.PathLike) -> Path:
-    """``out`` must not exist, or be an empty folder; checked before any work."""
+    """``out`` must not exist, or be an empty folder, and be writable (io.outputs); checked before any work."""
+    from lowbit.io.outputs import check_output_dir
+
     out = Path(out)
+    check_output_dir(out, "--out")
     if out.exists() and not (out.is_dir() and not any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not an empty folder; refusing to overwrite it")
     return out

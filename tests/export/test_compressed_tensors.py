@@ -152,3 +152,12 @@ def test_cli_checks_the_output_before_work_and_exports(tmp_path, capsys):
     assert main(["export", str(tmp_path / "ckpt"), "--format", "compressed-tensors", "--out", str(tmp_path / "ct")]) == 0
     assert {p.name for p in (tmp_path / "ct").iterdir()} == {"config.json", "model.safetensors"}
     assert (tmp_path / "taken" / "x").read_text() == "mine"
+
+
+def test_out_that_is_a_file_is_refused_before_work(tmp_path):
+    from lowbit.export.writer import check_out_dir
+    from lowbit.io.outputs import OutputPathError
+
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(OutputPathError, match="is a file"):
+        check_out_dir(tmp_path / "f")
