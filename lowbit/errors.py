@@ -15,6 +15,10 @@ class UsageError(LowbitError, ValueError):
     """A command-line argument (or its combination with others) is invalid."""
 
 
+class CheckpointError(LowbitError, RuntimeError):
+    """A checkpoint is missing, truncated, corrupt, edited, or of an unknown format version."""
+
+
 # What ``lowbit`` reports in one line: lowbit's errors, bad values, and file-system problems.
 EXPECTED = (LowbitError, ValueError, OSError)
 

@@ -16,9 +16,10 @@ import sys, torch
 import lowbit
 assert lowbit.__file__.startswith(sys.argv[1]), lowbit.__file__
 from lowbit.comm.codecs import native as codecs_native
-from lowbit.kernels import cpu_decode_ops, cpu_w4_gemv, cpu_w8_gemv, from_float, prepare, reference
-built = {"codecs": codecs_native.available(), "w4": cpu_w4_gemv.available(), "w8": cpu_w8_gemv.available(),
-         "decode_ops": cpu_decode_ops.library() is not None}
+from lowbit.kernels import from_float, prepare, reference
+from lowbit.kernels.cpu import decode_ops, w4_gemv, w8_gemv
+built = {"codecs": codecs_native.available(), "w4": w4_gemv.available(), "w8": w8_gemv.available(),
+         "decode_ops": decode_ops.library() is not None}
 assert all(built.values()), built
 torch.manual_seed(0)
 x = torch.randn(3, 256)

@@ -8,11 +8,9 @@ network namespace whose loopback is rate-limited to N Gbit/s (root, iproute2).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from lowbit.commands.argtypes import codec_list, nonneg_int, positive_float, positive_int, size_list
 
 ALL_CODECS = "fp,int8,int6,int4,int3,fp4"
 
@@ -33,30 +31,10 @@ def parse_sizes(text: str, factor: int = 4) -> list[int]:
     return [parse_bytes(p) for p in text.split(",") if p.strip()]
 
 
-def register(kinds) -> None:
-    p = kinds.add_parser("allreduce", help="quantized vs plain all-reduce: latency, speedup, SQNR per size")
-    p.add_argument("--world-size", type=positive_int, default=2)
-    p.add_argument("--codecs", type=codec_list, default=ALL_CODECS)
-    p.add_argument("--sizes", type=size_list, default="4K..256M", help="bytes per rank: 'LO..HI' (x4 steps) or a comma list")
-    p.add_argument("--size-factor", type=positive_int, default=4)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--repeats", type=positive_int, default=5, help="timed calls per point (median), at least 5 for reports")
-    p.add_argument("--no-metadata-check", action="store_true", help="skip the cross-rank size/dtype check")
-    p.add_argument("--serial", action="store_true",
-                   help="also time each codec with its rounds one after another (no pipelining), side by side")
-    p.add_argument("--link-gbit", type=positive_float, default=None, help="rate-limit the ranks' link to N Gbit/s (root)")
-    p.add_argument("--timeout", type=positive_float, default=600.0, help="process-group timeout, seconds")
-    p.add_argument("--accuracy-elements", type=nonneg_int, default=1 << 20,
-                   help="values per rank in the accuracy table (exact float64 sum, error bound); 0 skips it")
-    p.add_argument("--out", type=Path, default=Path("bench_out/allreduce"))
-    p.add_argument("--label", default="", help=argparse.SUPPRESS)
-    p.set_defaults(func=run)
-
-
 def _rerun_in_namespace(args) -> int:
     import subprocess
 
-    from lowbit.comm.netns import shaped_namespace
+    from lowbit.bench.netns import shaped_namespace
 
     rest = ["bench", "allreduce", "--world-size", str(args.world_size), "--codecs", args.codecs, "--sizes", args.sizes,
             "--accuracy-elements", str(args.accuracy_elements),
@@ -116,7 +94,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 def _check(args) -> None:
     """Arguments argparse cannot check alone, before any rank starts."""
-    from lowbit.comm.launch import under_torchrun
+    from lowbit.parallel.launch import under_torchrun
     from lowbit.errors import UsageError
     from lowbit.io.outputs import check_output_dir
 
@@ -136,8 +114,8 @@ def run(args) -> int:
     from rich.table import Table
 
     from lowbit.comm.codecs import get_codec
-    from lowbit.comm.launch import check_results, run_here_or_spawn
-    from lowbit.comm.measure import allreduce_sweep
+    from lowbit.parallel.launch import check_results, run_here_or_spawn
+    from lowbit.bench.allreduce_timing import allreduce_sweep
 
     from .report import fmt_bytes, write_csv, write_json
 
@@ -171,7 +149,7 @@ def run(args) -> int:
     accuracy = []
     if args.accuracy_elements > 0:
         from lowbit.comm.accuracy import accuracy_report
-        from lowbit.comm.measure import DTYPES
+        from lowbit.bench.allreduce_timing import DTYPES
 
         accuracy = accuracy_report(codecs, world, args.accuracy_elements, DTYPES[args.dtype])
         acc_table = Table(title=f"accuracy vs the exact float64 sum, world {world}, {args.dtype}, "

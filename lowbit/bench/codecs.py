@@ -5,20 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lowbit.commands.argtypes import codec_list, positive_int
-
-
-def register(kinds) -> None:
-    p = kinds.add_parser("codecs", help="all-reduce codec throughput per core vs memory copy")
-    p.add_argument("--elements", type=positive_int, default=16 << 20, help="values per call (default 16M)")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--codecs", type=codec_list, default="fp,int8,int6,int4,int3,fp4")
-    p.add_argument("--repeats", type=positive_int, default=7)
-    p.add_argument("--threads", type=positive_int, default=1, help="torch threads (1 = per core)")
-    p.add_argument("--impl", default="auto", choices=["auto", "torch"], help="auto: compiled C on CPU if it builds")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--out", type=Path, default=Path("bench_out/codecs"))
-    p.set_defaults(func=run)
 
 
 def _median_time(fn, repeats: int, sync) -> float:
@@ -42,7 +28,7 @@ def run(args) -> int:
     from rich.table import Table
 
     from lowbit.comm.codecs import decode, decode_torch, encode, encode_torch, get_codec, native
-    from lowbit.comm.measure import DTYPES
+    from lowbit.bench.allreduce_timing import DTYPES
     from lowbit.io.outputs import check_output_dir
 
     from .report import write_csv, write_json

@@ -6,7 +6,7 @@ memory (process RSS, or CUDA max allocated) therefore includes every format's re
 
 Quantized linears run through :mod:`lowbit.kernels` (``accelerate`` swaps them in). On CPU every
 format, the float baselines included, runs its norms, rotary embedding and one-token attention
-through lowbit's native decode ops (:mod:`lowbit.kernels.native_ops`; ``--stock-ops`` keeps
+through lowbit's native decode ops (:mod:`lowbit.accelerate.native_ops`; ``--stock-ops`` keeps
 PyTorch's), so the formats differ only in their linears. Weights are quantized with a tiny
 calibration set and RTN by default (``--gptq`` for the presets' GPTQ): speed does not depend on
 the weight values, only on the layout, which is the same.
@@ -16,29 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lowbit.commands.argtypes import int_list, nonneg_int, positive_int
 
 FORMATS = ("fp32", "bf16", "w8a8", "w4a16", "w4a4", "w4a4-kv4")
-
-
-def register(kinds) -> None:
-    p = kinds.add_parser("decode", help="generation tokens/s per format and batch, memory, weight and KV bytes")
-    p.add_argument("--model", default="default")
-    p.add_argument("--formats", default=",".join(FORMATS))
-    p.add_argument("--batches", type=int_list, default="1,8,32")
-    p.add_argument("--prompt", type=positive_int, default=128, help="prompt tokens")
-    p.add_argument("--new", type=positive_int, default=128, help="generated tokens")
-    p.add_argument("--repeats", type=positive_int, default=5)
-    p.add_argument("--calib", default="4x128", help="calibration SAMPLESxSEQLEN (tiny: only speed is measured)")
-    p.add_argument("--gptq", action="store_true", help="use the presets' GPTQ instead of RTN (slower to quantize)")
-    p.add_argument("--kernel", default=None, choices=["auto", "reference", "cpu", "triton"])
-    p.add_argument("--threads", type=nonneg_int, default=0, help="torch threads (0 = leave as is)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--stock-ops", action="store_true",
-                   help="keep PyTorch's norms, rotary embedding and attention instead of lowbit's native "
-                        "decode ops (which every format, the float ones included, gets by default)")
-    p.add_argument("--out", type=Path, default=Path("bench_out/decode"))
-    p.set_defaults(func=run)
 
 
 class PeakRSS:
@@ -87,11 +66,11 @@ def _make_model(base, fmt: str, tokenizer, args, device):
     import torch
 
     from lowbit.data import calibration_ids
-    from lowbit.kernels import accelerate
-    from lowbit.kernels.native_ops import use_native_ops
+    from lowbit.accelerate import accelerate
+    from lowbit.accelerate.native_ops import use_native_ops
     from lowbit.nn.quant_linear import module_bytes
     from lowbit.quantize import get_scheme, quantize_model
-    from lowbit.quantize.scheme import GPTQArgs
+    from lowbit.formats.scheme import GPTQArgs
 
     model = copy.deepcopy(base)
     layers = model.model.layers
@@ -140,7 +119,7 @@ def run(args) -> int:
     from lowbit.data import calibration_ids
     from lowbit.errors import UsageError
     from lowbit.io.outputs import check_output_dir
-    from lowbit.models import load_model
+    from lowbit.checkpoint import load_model
 
     from . import machine
     from .report import fmt_bytes, write_csv, write_json

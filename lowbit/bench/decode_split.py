@@ -11,24 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lowbit.commands.argtypes import nonneg_int, positive_int
-
-
-def register(kinds) -> None:
-    from .decode import FORMATS
-
-    p = kinds.add_parser("decode-split", help="decode step time split: decoder linears, LM head, the rest")
-    p.add_argument("--model", default="default")
-    p.add_argument("--formats", default="bf16,w4a16", help=f"comma list of {', '.join(FORMATS)}")
-    p.add_argument("--batch", type=positive_int, default=1)
-    p.add_argument("--prompt", type=positive_int, default=128)
-    p.add_argument("--new", type=positive_int, default=64)
-    p.add_argument("--repeats", type=positive_int, default=3)
-    p.add_argument("--calib", default="4x128")
-    p.add_argument("--threads", type=nonneg_int, default=0)
-    p.add_argument("--stock-ops", action="store_true", help="PyTorch's norms, rotary and attention (as bench decode's)")
-    p.add_argument("--out", type=Path, default=Path("bench_out/decode_split"))
-    p.set_defaults(func=run, gptq=False, kernel=None, device="cpu")
 
 
 def _hooks(model, acc: dict) -> list:
@@ -37,8 +19,8 @@ def _hooks(model, acc: dict) -> list:
 
     import torch
 
-    from lowbit.kernels.fuse import FusedPart
-    from lowbit.kernels.module import KernelLinear
+    from lowbit.accelerate.fuse import FusedPart
+    from lowbit.accelerate.linears import KernelLinear
     from lowbit.nn.quant_linear import QuantLinear
 
     handles = []
@@ -68,7 +50,7 @@ def run(args) -> int:
     from lowbit.data import calibration_ids
     from lowbit.errors import UsageError
     from lowbit.io.outputs import check_output_dir
-    from lowbit.models import load_model
+    from lowbit.checkpoint import load_model
 
     from .decode import FORMATS, _cache_for, _make_model
     from .report import write_json

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lowbit.commands.argtypes import int_list, nonneg_int, positive_float, positive_int
 
 SHAPE_SETS = {  # (name, in_features, out_features)
     "default": [("q/o 576x576", 576, 576), ("k/v 576x192", 576, 192), ("gate/up 576x1536", 576, 1536),
@@ -23,30 +22,10 @@ KERNELS = ("fp32", "bf16", "w4a16", "w8a16", "w8a8", "w4a4")
 
 def _methods() -> dict[str, tuple[str, ...]]:
     """The CPU methods each kind offers (``KIND@METHOD``), as its kernel module declares them."""
-    from lowbit.kernels import cpu_w4a4, cpu_w4a16, cpu_w8a8, cpu_w8a16
+    from lowbit.kernels.cpu import w4a4, w4a16, w8a8, w8a16
 
-    return {"w4a16": cpu_w4a16.METHODS, "w8a16": cpu_w8a16.METHODS, "w8a8": cpu_w8a8.METHODS,
-            "w4a4": cpu_w4a4.METHODS}
-
-
-def register(kinds) -> None:
-    p = kinds.add_parser("gemm", help="quantized linear kernels vs fp32/bf16 F.linear (time, GB/s, TFLOP/s, roofline)")
-    p.add_argument("--shapes", default="default,llama7b", help=f"comma list of {', '.join(SHAPE_SETS)} or INxOUT")
-    p.add_argument("--batches", type=int_list, default="1,8,64,512")
-    p.add_argument("--kernels", default=",".join(KERNELS),
-                   help="fp32,bf16 and quantized kinds w4a16,w8a16,w8a8,w4a4; KIND@METHOD picks a CPU "
-                        "method other than the default native kernel: w8a8/w4a4@float (exact products "
-                        "through float32 SGEMM), w8a8/w4a4@int_mm (torch._int_mm, slow without "
-                        "VNNI/AMX), w4a16@int4pack / w8a16@int8pack (torch's int4 / int8 matmul)")
-    p.add_argument("--kernel", default=None, choices=["auto", "reference", "cpu", "triton"],
-                   help="force the implementation of the quantized kinds (default: LOWBIT_KERNEL or auto)")
-    p.add_argument("--repeats", type=positive_int, default=5)
-    p.add_argument("--threads", type=nonneg_int, default=0, help="torch threads (0 = leave as is)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--max-seconds", type=positive_float, default=20.0,
-                   help="skip further repeats of a row whose single call takes longer than this")
-    p.add_argument("--out", type=Path, default=Path("bench_out/gemm"))
-    p.set_defaults(func=run)
+    return {"w4a16": w4a16.METHODS, "w8a16": w8a16.METHODS, "w8a8": w8a8.METHODS,
+            "w4a4": w4a4.METHODS}
 
 
 def parse_shapes(spec: str) -> list[tuple[str, int, int]]:
@@ -246,7 +225,7 @@ def _print(console, rows: list[dict], copy_bw: float, dev) -> None:
 
     from .report import fmt_bytes
 
-    from lowbit.kernels.cpu_features import summary
+    from lowbit.native.cpu_features import summary
 
     table = Table(title=f"linear kernels on {dev if dev.type != 'cpu' else summary()} (median ms; copy bandwidth "
                         f"{copy_bw / 1e9:.1f} GB/s; roofline = max(bytes/copy BW, ops/best F.linear rate))")

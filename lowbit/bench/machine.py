@@ -9,14 +9,15 @@ def report() -> dict:
     import torch
 
     from lowbit.comm.codecs import native as codecs_native
-    from lowbit.kernels import cpu_decode_ops, cpu_w4_gemv, cpu_w8_gemv, from_float, prepare
-    from lowbit.kernels import isa
-    from lowbit.kernels.cpu_features import cpu_info
+    from lowbit.kernels.cpu import decode_ops, w4_gemv, w8_gemv
+    from lowbit.kernels import from_float, prepare
+    from lowbit.native import isa
+    from lowbit.native.cpu_features import cpu_info
 
     libs = [("all-reduce codecs", codecs_native.available, codecs_native._LIB),
-            ("4-bit linear", cpu_w4_gemv.available, cpu_w4_gemv._LIB),
-            ("8-bit linear", cpu_w8_gemv.available, cpu_w8_gemv._LIB),
-            ("decode ops", lambda: cpu_decode_ops.library() is not None, cpu_decode_ops._LIB)]
+            ("4-bit linear", w4_gemv.available, w4_gemv._LIB),
+            ("8-bit linear", w8_gemv.available, w8_gemv._LIB),
+            ("decode ops", lambda: decode_ops.library() is not None, decode_ops._LIB)]
     kernels = {}
     for kind in ("w4a16", "w8a16", "w8a8", "w4a4"):
         kernels[kind] = prepare(from_float(torch.zeros(16, 128), kind, group=128), "cpu").kernel

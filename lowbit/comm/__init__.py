@@ -1,4 +1,6 @@
-"""Communication: all-reduce codecs, the two-shot quantized all-reduce, size policy, tensor parallelism.
+"""Communication: all-reduce codecs, the two-shot quantized all-reduce, size policy and cost model.
+
+Tensor parallelism, which uses it, is lowbit.parallel; its benchmarks are in lowbit.bench.
 
 Public API: ``QuickAllReduce`` (lowbit.comm.allreduce), the codecs (lowbit.comm.codecs: encode,
 decode, CODECS), the size policy (lowbit.comm.policy) and the error accounting

@@ -100,7 +100,7 @@ def _setup(args, datasets=(), outputs=("json",)):
 
 def _load(name: str, dtype, device: str = "cpu"):
     """``(model, tokenizer)``; a model without a tokenizer cannot be evaluated on text."""
-    from lowbit.models import load_model
+    from lowbit.checkpoint import load_model
 
     model, tok = load_model(name, dtype=dtype, device=device)
     if tok is None:
@@ -132,7 +132,7 @@ def _finish(record: dict, args) -> int:
 
 def _run_tp(kind: str, args) -> int:
     """``--tp W``: launch W ranks, each holding its shard; rank 0 reports."""
-    from lowbit.comm.tp.eval import run_tp_eval
+    from lowbit.eval.tp import run_tp_eval
     from lowbit.eval.report import make_record
 
     _setup(args, args.dataset)

@@ -34,7 +34,7 @@ def run(args) -> int:
     from lowbit.errors import UsageError
     from lowbit.export import export_compressed_tensors
     from lowbit.export.writer import check_out_dir
-    from lowbit.io import is_quantized_dir, load_quantized
+    from lowbit.checkpoint import is_quantized_dir, load_quantized
 
     console = Console()
     check_out_dir(args.out)  # before any loading: an unusable --out is one line, exit 2 (lowbit.cli)

@@ -37,7 +37,7 @@ def run(args) -> int:
     from lowbit.eval.format_study import plot_study, run_study
     from lowbit.io.atomic import write_json
     from lowbit.io.outputs import check_output_file
-    from lowbit.models import load_model
+    from lowbit.checkpoint import load_model
 
     check_output_file(args.json, "--json")
     check_output_file(args.plot, "--plot")

@@ -52,7 +52,7 @@ def _checked_scheme(args):
     from lowbit.data.eval_text import eval_path
     from lowbit.data.paths import data_file
     from lowbit.errors import UsageError
-    from lowbit.io import check_save_target, is_quantized_dir
+    from lowbit.checkpoint import check_save_target, is_quantized_dir
     from lowbit.io.outputs import check_output_file
     from lowbit.models.loading import DEFAULT_NAMES, resolve
     from lowbit.quantize import TPArgs, get_scheme
@@ -94,7 +94,7 @@ def run(args) -> int:
 
     from lowbit.data import calibration_ids
     from lowbit.io.atomic import append_line
-    from lowbit.models import load_model
+    from lowbit.checkpoint import load_model
     from lowbit.models.adapters import get_adapter
     from lowbit.quantize import quantize_model
     from lowbit.quantize.report import decoder_bytes
@@ -122,7 +122,7 @@ def run(args) -> int:
     result = {"model": args.model, "scheme": scheme.to_dict(), "samples": args.samples, "seqlen": args.seqlen,
               "quantize_seconds": round(rep.seconds, 1), "decoder_bytes_float": float_bytes, "decoder_bytes_quantized": q_bytes}
     if args.out:
-        from lowbit.io import save_quantized
+        from lowbit.checkpoint import save_quantized
 
         save_quantized(model, args.out, tok, extra={"calibration": {"samples": args.samples, "seqlen": args.seqlen}})
         console.print(f"saved to {args.out}")

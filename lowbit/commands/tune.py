@@ -43,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
     from lowbit.bench.report import fmt_bytes
     from lowbit.comm.codecs import get_codec
     from lowbit.comm.costmodel import CodecCost, crossover_bytes, fit_link
-    from lowbit.comm.launch import check_results, run_ranks
-    from lowbit.comm.measure import DTYPES, tune_measure
+    from lowbit.parallel.launch import check_results, run_ranks
+    from lowbit.bench.allreduce_timing import DTYPES, tune_measure
     from lowbit.comm.policy import NO_MAX, parse_bytes, save_table, table_key
     from lowbit.errors import UsageError
     from lowbit.io.outputs import check_output_file

@@ -33,7 +33,7 @@ class LowbitLM(LM):
     def __init__(self, model: str = "default", batch_size: int | str = 16, max_length: int | None = None,
                  dtype: str = "float32", max_gen_toks: int = 256, progress: bool = True, **_ignored) -> None:
         super().__init__()
-        from lowbit.models import load_model
+        from lowbit.checkpoint import load_model
 
         loaded, tok = load_model(model, dtype=getattr(torch, dtype))
         self._setup(loaded, tok, batch_size, max_length, max_gen_toks, progress)

@@ -1,16 +1,13 @@
-"""Kernels: reference (PyTorch), CPU fast paths and Triton. Algorithms call these, never raw kernels.
+"""Kernels: reference (PyTorch), CPU backends (``cpu/``, C sources in ``csrc/``) and Triton
+(``triton/``). Algorithms call these through ``dispatch``, never a backend directly.
 
-``params.from_quant_linear(ql)`` → plain tensors; ``dispatch.prepare(params, device, kernel)``
-→ a callable on the chosen kernel; ``module.accelerate(model)`` swaps QuantLinears for it;
-``native_ops.use_native_ops(model)`` runs a model's norms, rotary embedding and decode attention
-as single native calls (any format, float ones included).
+``linear_params.from_quant_linear(ql)`` → plain tensors; ``dispatch.prepare(params, device,
+kernel)`` → a callable on the chosen kernel. Putting kernels into a model is lowbit.accelerate's job.
 """
 
-from .act_quant import IntActivation, quantize_tokens
 from .dispatch import CHOICES, PreparedLinear, choose, linear, prepare
-from .module import KernelLinear, accelerate
-from .params import KINDS, ActSpec, KernelError, LinearParams, from_float, from_quant_linear
+from .linear_params import KINDS, ActSpec, KernelError, LinearParams, from_float, from_quant_linear
+from .token_codes import IntActivation, quantize_tokens
 
 __all__ = ["IntActivation", "quantize_tokens", "CHOICES", "PreparedLinear", "choose", "linear", "prepare",
-           "KernelLinear", "accelerate", "KINDS", "ActSpec", "KernelError", "LinearParams", "from_float",
-           "from_quant_linear"]
+           "KINDS", "ActSpec", "KernelError", "LinearParams", "from_float", "from_quant_linear"]

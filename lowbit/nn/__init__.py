@@ -1,6 +1,6 @@
 """Quantized modules: packed linears, a packed KV cache, permuted norms, unfused experts."""
 
-from .act_quant import QuantizedActivation, quantize_activation
+from lowbit.nn.quantized_activation import QuantizedActivation, quantize_activation
 from .experts import UnfusedExperts
 from .kv_cache import PackedKVCache, install_kv_quantization
 from .permuted_norm import PermutedNorm

@@ -14,11 +14,11 @@ import torch
 from torch import nn
 
 from lowbit.formats import pack, packed_size, unpack
-from lowbit.quantize.grids import Grid, n_groups
-from lowbit.quantize.scheme import ActArgs
-from lowbit.quantize.weights import QuantizedWeight
+from lowbit.formats.grid import Grid, n_groups
+from lowbit.formats.scheme import ActArgs
+from lowbit.formats.quantized_weight import QuantizedWeight
 
-from .act_quant import quantize_activation
+from lowbit.nn.quantized_activation import quantize_activation
 from .reference_matmul import reference_quant_matmul
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .act_quant import QuantizedActivation
+from lowbit.nn.quantized_activation import QuantizedActivation
 
 
 def reference_quant_matmul(x: QuantizedActivation | torch.Tensor, w_dequant: torch.Tensor,

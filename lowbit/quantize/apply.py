@@ -31,7 +31,7 @@ from .calibrate import InputStats, capture_layer_inputs, capture_linear_inputs, 
 from .float_target import float_target_weight
 from .head import quantize_head
 from .outliers import outlier_permutation
-from .scheme import Scheme
+from lowbit.formats.scheme import Scheme
 from .smooth import fold_into_norm, smooth_scales
 from .row_shards import quantize_row_sharded, tp_splits
 from .weights import quantize_weights

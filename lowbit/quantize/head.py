@@ -14,8 +14,8 @@ from torch import nn
 
 from lowbit.nn.quant_linear import QuantLinear
 
-from .scheme import WeightArgs
-from .weights import rtn
+from lowbit.formats.scheme import WeightArgs
+from lowbit.formats.quantized_weight import rtn
 
 
 def quantize_head(model: nn.Module, args: WeightArgs) -> QuantLinear:

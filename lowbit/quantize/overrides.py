@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .scheme import Scheme, SchemeError
+from lowbit.formats.scheme import Scheme, SchemeError
 
 
 def apply_overrides(scheme: Scheme, items: list[str], name: str | None = None) -> Scheme:

@@ -19,7 +19,7 @@ took it from 1.519x to 1.487x.
 
 from __future__ import annotations
 
-from .scheme import ActArgs, GPTQArgs, KVArgs, OutlierArgs, Scheme, SchemeError, SmoothArgs, WeightArgs
+from lowbit.formats.scheme import ActArgs, GPTQArgs, KVArgs, OutlierArgs, Scheme, SchemeError, SmoothArgs, WeightArgs
 
 OUTLIERS = 64
 

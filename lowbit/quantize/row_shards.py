@@ -18,7 +18,7 @@ from lowbit.nn.quant_linear import QuantLinear
 from lowbit.nn.row_sharded import RowShardedLinear
 
 from .outliers import outlier_permutation
-from .scheme import Scheme
+from lowbit.formats.scheme import Scheme
 from .weights import quantize_weights
 
 
@@ -29,7 +29,7 @@ def tp_splits(model: nn.Module, scheme: Scheme, is_moe: bool) -> dict[str, list[
         return {}
     if is_moe:
         raise ValueError("tensor_parallel.world > 1: tensor parallelism does not support mixture-of-experts models")
-    from lowbit.comm.tp.plan import row_parallel_splits
+    from lowbit.models.shard_plan import row_parallel_splits
 
     return row_parallel_splits(model.config, world)  # TPSplitError for a model that cannot be split
 

@@ -1,5 +1,6 @@
-"""Weight quantization of one linear layer: round-to-nearest or GPTQ, in groups, with the
-last ``k`` input columns (the reordered outlier channels) kept in INT8 or FP16.
+"""GPTQ weight quantization of one linear layer, in groups, with the last ``k`` input columns
+(the reordered outlier channels) kept in INT8 or FP16; round-to-nearest is
+:func:`lowbit.formats.quantized_weight.rtn`.
 
 GPTQ (Frantar et al.) quantizes one column at a time and spreads each column's rounding error
 over the columns not yet quantized, weighted by the inverse Hessian ``H = XᵀX`` of the layer's
@@ -9,105 +10,11 @@ error-corrected values, with an optional per-row clipping search.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from .grids import CLIP_SEARCH, Grid, from_groups, n_groups, to_groups
-from .scheme import GPTQArgs, Scheme, WeightArgs
-
-INT8 = Grid(8, True, "int", torch.float16)
-
-
-@dataclass
-class QuantizedWeight:
-    """Codes and scales of a ``[out, in]`` weight whose last ``n_outliers`` columns are outliers."""
-
-    codes: torch.Tensor  # uint8 [out, n_normal], unsigned codes
-    scale: torch.Tensor  # float32 holding fp16 values [out, n_groups]
-    zero: torch.Tensor | None  # int32 [out, n_groups] (asymmetric only)
-    outlier: torch.Tensor  # int8 codes [out, k] (int8) or fp16 values (fp16)
-    outlier_scale: torch.Tensor | None  # float32 holding fp16 values [out] (int8 only)
-    grid: Grid
-    group: int
-
-    @property
-    def n_outliers(self) -> int:
-        return self.outlier.shape[1]
-
-    def dequantize(self) -> torch.Tensor:
-        out, n = self.codes.shape
-        g = self.group or n
-        blocks = to_groups(self.codes, g)
-        s = self.scale.reshape(-1)
-        z = self.zero.reshape(-1) if self.zero is not None else None
-        normal = from_groups(self.grid.decode(blocks, s, z), out, n) if n else self.codes.new_zeros(out, 0).float()
-        return torch.cat([normal, dequantize_outliers(self.outlier, self.outlier_scale)], dim=1)
-
-
-def split_rows(qw: QuantizedWeight, sizes: list[int]) -> list[QuantizedWeight]:
-    """Undo stacking several weights' rows (linears that share an input share GPTQ's Hessian,
-    and GPTQ treats rows independently, so they can be quantized in one sweep)."""
-    out, start = [], 0
-    for n in sizes:
-        sl = slice(start, start + n)
-        out.append(QuantizedWeight(qw.codes[sl], qw.scale[sl], qw.zero[sl] if qw.zero is not None else None,
-                                   qw.outlier[sl], qw.outlier_scale[sl] if qw.outlier_scale is not None else None,
-                                   qw.grid, qw.group))
-        start += n
-    return out
-
-
-def dequantize_outliers(outlier: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    if scale is None:
-        return outlier.float()
-    return outlier.float() * scale.float()[:, None]
-
-
-def weight_grid(args: WeightArgs) -> Grid:
-    return Grid(args.bits, args.symmetric, args.format, torch.float16)
-
-
-def _ratios(args: WeightArgs) -> tuple[float, ...]:
-    default = args.clip_min == 0.75 and args.clip_steps == len(CLIP_SEARCH)
-    return tuple(r * args.clip_ratio for r in (CLIP_SEARCH if default else args.clip_ratios))
-
-
-def _fit(grid: Grid, blocks: torch.Tensor, args: WeightArgs, importance: torch.Tensor | None = None):
-    """Scales for ``[rows, L]`` blocks. ``importance`` (``[L]``, the inputs' energy diag XᵀX of
-    these columns) weights the clipping search's error when ``args.clip_weighted``: a clipped
-    column that sees large inputs costs more output error than one that sees small ones."""
-    if args.clip_search:
-        w = importance if (args.clip_weighted and importance is not None) else None
-        return grid.fit_search(blocks, _ratios(args), w)
-    return grid.fit(blocks, args.clip_ratio)
-
-
-def _quantize_outliers(cols: torch.Tensor, precision: str):
-    if precision == "fp16":
-        return cols.half(), None
-    s, _ = INT8.fit(cols)
-    codes = INT8.encode(cols, s, None)
-    return (codes.to(torch.int16) - 128).to(torch.int8), s
-
-
-def rtn(w: torch.Tensor, args: WeightArgs, n_outliers: int = 0, outlier_precision: str = "int8") -> QuantizedWeight:
-    """Round-to-nearest in groups along the input dim."""
-    w = w.float()
-    out, n_in = w.shape
-    n = n_in - n_outliers
-    grid, g = weight_grid(args), args.group_size or n
-    normal = w[:, :n]
-    if n:
-        blocks = to_groups(normal, g)
-        s, z = _fit(grid, blocks, args)
-        codes = from_groups(grid.encode(blocks, s, z), out, n)
-        scale = s.reshape(out, -1)
-        zero = z.reshape(out, -1) if z is not None else None
-    else:
-        codes, scale, zero = w.new_zeros(out, 0, dtype=torch.uint8), w.new_zeros(out, 0), None
-    oc, os_ = _quantize_outliers(w[:, n:], outlier_precision)
-    return QuantizedWeight(codes, scale, zero, oc, os_, grid, args.group_size)
+from lowbit.formats.grid import n_groups
+from lowbit.formats.quantized_weight import INT8, QuantizedWeight, fit_grid, rtn, split_rows, weight_grid
+from lowbit.formats.scheme import GPTQArgs, Scheme, WeightArgs
 
 
 def _prepare_hessian(h: torch.Tensor, w: torch.Tensor, damp: float) -> torch.Tensor:
@@ -143,7 +50,7 @@ def gptq(w: torch.Tensor, h: torch.Tensor, args: WeightArgs, gargs: GPTQArgs, n_
         order = torch.argsort(torch.diag(h), descending=True)
         # static groups: scales from the original weights, before any error feedback
         d = torch.diag(h).float()
-        static = [_fit(grid, w[:, i * g:(i + 1) * g], args, d[i * g:(i + 1) * g]) for i in range(ng)]
+        static = [fit_grid(grid, w[:, i * g:(i + 1) * g], args, d[i * g:(i + 1) * g]) for i in range(ng)]
         w, h = w[:, order], h[order][:, order]
     hdiag = torch.diag(h).float()
     u = _prepare_hessian(h, w, gargs.damp)
@@ -169,7 +76,7 @@ def gptq(w: torch.Tensor, h: torch.Tensor, args: WeightArgs, gargs: GPTQArgs, n_
                     cur = static[gi]
                 elif col % g == 0:
                     span = torch.cat([w1[:, i:], w[:, i2:]], dim=1)[:, : min(g, n - col)]
-                    cur = _fit(grid, span, args, hdiag[col:col + span.shape[1]])
+                    cur = fit_grid(grid, span, args, hdiag[col:col + span.shape[1]])
                 s, z = cur
                 c, q = grid.qdq_fast(x[:, None], s, z)
                 q = q[:, 0]

@@ -6,7 +6,7 @@ import pytest
 
 from lowbit.bench.allreduce import parse_sizes, summarize
 from lowbit.cli import main
-from lowbit.comm import netns
+from lowbit.bench import netns
 
 
 def test_parse_sizes():

@@ -12,7 +12,7 @@ from lowbit.cli import main
 
 def test_kv_bytes_of_dynamic_and_packed_caches():
     from lowbit.nn.kv_cache import PackedKVCache
-    from tests.tiny import tiny_llama
+    from tests.tiny_models import tiny_llama
 
     cfg = tiny_llama(vocab_size=64).config
     k = torch.randn(2, cfg.num_key_value_heads, 5, cfg.hidden_size // cfg.num_attention_heads)

@@ -30,12 +30,13 @@ def test_roofline_and_speedups():
 def test_tensor_bytes_counts_dataclass_tensors():
     import torch
 
-    from lowbit.kernels import cpu_w4a16, from_float
+    from lowbit.kernels.cpu import w4a16
+    from lowbit.kernels import from_float
 
     p = from_float(torch.randn(32, 256), "w4a16")
-    st = cpu_w4a16.prepare(p, "int4pack")
+    st = w4a16.prepare(p, "int4pack")
     assert tensor_bytes(st) == 32 * 256 // 2 + 2 * 32 * 2 * 2  # int4 nibbles + [groups, out, 2] bf16
-    st = cpu_w4a16.prepare(p, "native")
+    st = w4a16.prepare(p, "native")
     assert tensor_bytes(st) == 32 * 256 // 2 + 2 * 32 * 2 * 4  # int4 nibbles + fp32 scale, scale * zero
 
 

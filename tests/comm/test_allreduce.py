@@ -8,7 +8,7 @@ import torch
 import qr_workers as wk
 
 from lowbit.comm.accuracy import error_bound, exact_sum, simulate
-from lowbit.comm.launch import check_results, run_ranks
+from lowbit.parallel.launch import check_results, run_ranks
 
 ALL = [(c, d, 5000, 1, False) for c in ("fp", "int8", "int6", "int4", "int3", "fp4") for d in ("float32", "bfloat16", "float16")]
 FEW = [("int4", "bfloat16", 7000, 2, False), ("fp4", "float16", 3000, 3, True), ("int3", "float32", 2100, 4, False),

@@ -7,7 +7,7 @@ import qr_workers as wk
 
 from lowbit.comm.accuracy import error_bound, exact_sum, simulate
 from lowbit.comm.codecs import CODECS
-from lowbit.comm.launch import check_results, run_ranks
+from lowbit.parallel.launch import check_results, run_ranks
 
 CASES = [(c, d, 4096 + 77, 50 + i, nat) for i, c in enumerate(CODECS) for d in ("float32", "bfloat16", "float16")
          for nat in (True, False)]

@@ -10,7 +10,8 @@ from hypothesis import given, settings, strategies as st
 
 from lowbit.comm.codecs import CODECS, ROW, decode, decode_torch, encode, encode_torch, get_codec, native, reduce_encode
 from lowbit.comm.codecs.fast import _kind
-from lowbit.kernels import cpu_w4_gemv, cpu_w8_gemv, from_float
+from lowbit.kernels.cpu import w4_gemv, w8_gemv
+from lowbit.kernels import from_float
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler")
 
@@ -92,7 +93,7 @@ def test_the_c_library_checks_sizes_itself():
                          res.numel()) == -1  # 2 rows into a 1-row buffer
 
 
-@pytest.mark.skipif(not cpu_w8_gemv.available(), reason="no C compiler for the native kernel")
+@pytest.mark.skipif(not w8_gemv.available(), reason="no C compiler for the native kernel")
 @FUZZ
 @given(t=st.integers(0, 5), n=st.integers(1, 80), out=st.integers(1, 9), dn=st.integers(-3, 3), dt=st.integers(-1, 1),
        big=st.booleans())
@@ -100,25 +101,25 @@ def test_w8_codes_kernel_matches_integer_reference_or_refuses(t, n, out, dn, dt,
     g = torch.Generator().manual_seed(t * 1000 + n * 10 + out)
     wc = torch.randint(-128, 128, (out, n), generator=g, dtype=torch.int8)
     ws = torch.rand(out, generator=g) + 0.5
-    w = cpu_w8_gemv.prepare(wc, ws)
+    w = w8_gemv.prepare(wc, ws)
     lim = 128 if big else 4
     codes = torch.randint(-lim, lim, (t, max(n + dn, 0)), generator=g).to(torch.int8)
     scale = torch.rand(max(t + dt, 0), generator=g) + 0.5
     if codes.shape[1] != n or scale.numel() != t:
         with pytest.raises(ValueError, match="w8 native kernel"):
-            cpu_w8_gemv.run_codes(codes, scale, w)
+            w8_gemv.run_codes(codes, scale, w)
         return
-    y = cpu_w8_gemv.run_codes(codes, scale, w)
+    y = w8_gemv.run_codes(codes, scale, w)
     dot = (codes.long() @ wc.long().T).float()  # exact: |dot| < 2^24 here
     assert torch.allclose(y, dot * (ws[None, :] * scale[:, None]), rtol=1e-6, atol=0)
 
 
-@pytest.mark.parametrize("mod,kind", [(cpu_w4_gemv, "w4a16"), (cpu_w8_gemv, "w8a16")])
+@pytest.mark.parametrize("mod,kind", [(w4_gemv, "w4a16"), (w8_gemv, "w8a16")])
 def test_a16_kernels_refuse_activations_of_another_width(mod, kind):
     if not mod.available():
         pytest.skip("no C compiler for the native kernel")
     p = from_float(torch.randn(8, 128), kind)
-    if mod is cpu_w4_gemv:
+    if mod is w4_gemv:
         w = mod.prepare(p)
     else:
         w = mod.prepare(p.codes.to(torch.int8), p.scale.reshape(-1))

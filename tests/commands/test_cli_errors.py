@@ -8,10 +8,11 @@ import re
 import pytest
 import torch
 
+import lowbit.checkpoint
 import lowbit.models
 from lowbit.cli import main
-from lowbit.io import CONFIG_NAME, save_quantized
-from lowbit.models.tiny import tiny_model
+from lowbit.checkpoint import CONFIG_NAME, save_quantized
+from tests.tiny_models import tiny_model
 from lowbit.quantize import get_scheme, quantize_model
 
 PARSE_ERRORS = [
@@ -98,7 +99,7 @@ def no_model(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("a model was loaded before the arguments were checked")
 
-    monkeypatch.setattr(lowbit.models, "load_model", refuse)
+    monkeypatch.setattr(lowbit.checkpoint, "load_model", refuse)
     monkeypatch.setattr(lowbit.models.loading, "_default_cached_dir", refuse)
 
 

@@ -7,7 +7,7 @@ import json
 import torch
 
 from lowbit.cli import main
-from lowbit.io import save_quantized
+from lowbit.checkpoint import save_quantized
 from lowbit.quantize import get_scheme, quantize_model
 
 

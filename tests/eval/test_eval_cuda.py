@@ -7,7 +7,7 @@ import torch
 from lowbit.eval.loglik import Request, score_requests
 from lowbit.eval.perplexity import window_nll
 from tests.cuda import needs_cuda
-from tests.tiny import tiny_llama
+from tests.tiny_models import tiny_llama
 
 pytestmark = needs_cuda
 

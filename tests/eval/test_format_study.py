@@ -6,7 +6,7 @@ import torch
 
 from lowbit.eval.format_study import format_grid, plot_study, run_study
 from lowbit.formats import IntFormat, PerChannel, PerToken
-from tests.tiny import tiny_llama
+from tests.tiny_models import tiny_llama
 
 
 class Tok:

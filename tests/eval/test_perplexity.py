@@ -86,7 +86,7 @@ def test_real_model_against_transformers_and_float64():
     (fp32 log_softmax over 49152 logits) is itself off from float64 by ~1.6e-5 in NLL on this
     model, so the comparison with it uses 5e-5 (the 1e-5 check runs on the tiny models above).
     """
-    from lowbit.models import load_model
+    from lowbit.checkpoint import load_model
 
     model, tok = load_model("default")
     r = perplexity(model, tok, "wikitext2", seqlen=512, max_windows=2, progress=False)

@@ -58,7 +58,7 @@ def test_unknown_task_fails_before_any_work(tiny, tokenizer):
 @pytest.mark.model
 def test_real_model_gets_hand_made_items_right():
     """Easy items a 135M model gets right by a clear margin (log-likelihood gaps of 2 to 12 nats)."""
-    from lowbit.models import load_model
+    from lowbit.checkpoint import load_model
 
     model, tok = load_model("default")
     items = [

@@ -13,7 +13,7 @@ from compressed_tensors.quantization import QuantizationConfig  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from lowbit.export import ExportError, export_compressed_tensors  # noqa: E402
-from lowbit.models.tiny import tiny_model  # noqa: E402
+from tests.tiny_models import tiny_model  # noqa: E402
 from lowbit.nn.quant_linear import QuantLinear  # noqa: E402
 from lowbit.quantize import get_scheme, quantize_model  # noqa: E402
 from lowbit.quantize.overrides import apply_overrides  # noqa: E402
@@ -141,7 +141,7 @@ def test_refuses_fp4_with_fp16_scales(tmp_path):
 
 def test_cli_checks_the_output_before_work_and_exports(tmp_path, capsys):
     from lowbit.cli import main
-    from lowbit.io import save_quantized
+    from lowbit.checkpoint import save_quantized
 
     save_quantized(_quantized("w8a8", []), tmp_path / "ckpt")
     (tmp_path / "taken").mkdir()

@@ -7,10 +7,11 @@ import shutil
 import pytest
 import torch
 
-from lowbit.io import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, is_quantized_dir, load_quantized
-from lowbit.models import load_model
-from lowbit.models.tiny import tiny_model
-from tests.io.checkpoints import IDS, save_tiny
+from lowbit.checkpoint import CONFIG_NAME, WEIGHTS_NAME, is_quantized_dir, load_quantized
+from lowbit.errors import CheckpointError
+from lowbit.checkpoint import load_model
+from tests.tiny_models import tiny_model
+from tests.checkpoint.checkpoints import IDS, save_tiny
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):

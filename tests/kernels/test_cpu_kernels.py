@@ -9,8 +9,9 @@ bits), so |Δ| ≤ 2^-7·Σ|x||w| against the float32 reference.
 import pytest
 import torch
 
-from lowbit.kernels import cpu_w4a4, cpu_w4a16, cpu_w8a8, cpu_w8a16, from_float, reference
-from lowbit.kernels.params import KernelError
+from lowbit.kernels.cpu import w4a4, w4a16, w8a8, w8a16
+from lowbit.kernels import from_float, reference
+from lowbit.kernels.linear_params import KernelError
 
 SHAPES = [(1, 40, 256), (5, 64, 576), (17, 33, 200), (0, 16, 128)]
 
@@ -23,8 +24,8 @@ def _case(t, out, n_in, kind, **kw):
 
 
 @pytest.mark.parametrize("t,out,n_in", SHAPES)
-@pytest.mark.parametrize("kind,mod,group,method", [("w4a16", cpu_w4a16, 128, "int4pack"), ("w4a16", cpu_w4a16, 64, "int4pack"),
-                                                  ("w8a16", cpu_w8a16, 0, "int8pack")])
+@pytest.mark.parametrize("kind,mod,group,method", [("w4a16", w4a16, 128, "int4pack"), ("w4a16", w4a16, 64, "int4pack"),
+                                                  ("w8a16", w8a16, 0, "int8pack")])
 def test_bf16_paths_within_bound(t, out, n_in, kind, mod, group, method):
     x, p = _case(t, out, n_in, kind, group=group)
     y = mod.run(x, mod.prepare(p, method))
@@ -40,23 +41,23 @@ def test_int8pack_any_input_width(t, n_in):
     """torch's _weight_int8pack_mm segfaults or returns garbage for widths that are not a multiple
     of 16 on AVX-512 CPUs: the method pads, so every width (each side of the boundary) is right."""
     x, p = _case(t, 33, n_in, "w8a16")
-    st = cpu_w8a16.prepare(p, "int8pack")
-    assert st.weight.shape[1] % cpu_w8a16.INT8PACK_K == 0
-    y = cpu_w8a16.run(x, st)
+    st = w8a16.prepare(p, "int8pack")
+    assert st.weight.shape[1] % w8a16.INT8PACK_K == 0
+    y = w8a16.run(x, st)
     mag = x.abs() @ p.dequantize().abs().t() + p.bias.abs()
     assert torch.all((y - reference.linear(x, p)).abs() <= 2.0 ** -7 * mag + 1e-6)
 
 
 def test_int8pack_refuses_a_width_it_was_not_prepared_for():
     x, p = _case(2, 8, 32, "w8a16")
-    st = cpu_w8a16.prepare(p, "int8pack")
+    st = w8a16.prepare(p, "int8pack")
     with pytest.raises(KernelError, match="int8pack"):
-        cpu_w8a16.run(torch.randn(2, 40), st)
+        w8a16.run(torch.randn(2, 40), st)
 
 
 @pytest.mark.parametrize("t,out,n_in", SHAPES)
 @pytest.mark.parametrize("kind,mod,k,method", [(kind, mod, k, m) for kind, mod, k in
-                                              [("w8a8", cpu_w8a8, 0), ("w4a4", cpu_w4a4, 0), ("w4a4", cpu_w4a4, 32)]
+                                              [("w8a8", w8a8, 0), ("w4a4", w4a4, 0), ("w4a4", w4a4, 32)]
                                               for m in mod.METHODS])
 def test_integer_paths_exact_up_to_fp32_rescale(t, out, n_in, kind, mod, k, method):
     x, p = _case(t, out, n_in, kind, n_outliers=k, act_clip=0.9)
@@ -68,8 +69,8 @@ def test_integer_paths_exact_up_to_fp32_rescale(t, out, n_in, kind, mod, k, meth
     assert torch.allclose(y, reference.linear(x, p), rtol=1e-4, atol=1e-4 * (float(mag.max()) if t else 1.0))
 
 
-@pytest.mark.parametrize("kind,mod,k,n_in", [("w8a8", cpu_w8a8, 0, 2500), ("w4a4", cpu_w4a4, 1100, 1300),
-                                             ("w4a4", cpu_w4a4, 32, 576)])
+@pytest.mark.parametrize("kind,mod,k,n_in", [("w8a8", w8a8, 0, 2500), ("w4a4", w4a4, 1100, 1300),
+                                             ("w4a4", w4a4, 32, 576)])
 def test_float_method_is_bit_identical_to_int_mm(kind, mod, k, n_in):
     """float32 SGEMM on integer operands is exact below 2^24: same bits as _int_mm."""
     x, p = _case(4, 24, n_in, kind, n_outliers=k)
@@ -80,21 +81,21 @@ def test_float_method_is_bit_identical_to_int_mm(kind, mod, k, n_in):
 def test_w4a4_ragged_group_is_padded_not_dropped():
     x, p = _case(3, 16, 160, "w4a4", n_outliers=0)  # 160 = 128 + a ragged group of 32
     y64, _ = reference.integer_reference(x, p)
-    for method in cpu_w4a4.METHODS:
-        y = cpu_w4a4.run(x, cpu_w4a4.prepare(p, method))
+    for method in w4a4.METHODS:
+        y = w4a4.run(x, w4a4.prepare(p, method))
         assert torch.allclose(y.double(), y64, rtol=1e-5, atol=1e-4)
 
 
 def test_prepare_rejects_wrong_layouts():
     _, p4 = _case(2, 16, 256, "w4a4", n_outliers=32)
     with pytest.raises(KernelError):
-        cpu_w4a16.prepare(p4)
+        w4a16.prepare(p4)
     with pytest.raises(KernelError):
-        cpu_w8a8.prepare(p4)
+        w8a8.prepare(p4)
     with pytest.raises(KernelError, match="method"):
-        cpu_w4a4.prepare(p4, "vnni")
+        w4a4.prepare(p4, "vnni")
     _, p = _case(2, 16, 96, "w4a16", group=96)
     with pytest.raises(KernelError, match="group size"):
-        cpu_w4a16.prepare(p, "int4pack")
+        w4a16.prepare(p, "int4pack")
     with pytest.raises(KernelError, match="method"):
-        cpu_w4a16.prepare(p, "avx512")
+        w4a16.prepare(p, "avx512")

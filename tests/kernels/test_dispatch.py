@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lowbit.kernels import KernelError, choose, from_float, linear, prepare, reference
-from lowbit.kernels import triton_w4a4
+from lowbit.kernels.triton import w4a4 as triton_w4a4
 
 
 def test_auto_on_cpu_picks_cpu_fast_paths():

@@ -2,7 +2,7 @@ import pytest
 from torch import nn
 
 from lowbit.models.adapters import UnsupportedArchitectureError, get_adapter, get_path
-from lowbit.models.tiny import TINY_ARCHS, tiny_model
+from tests.tiny_models import TINY_ARCHS, tiny_model
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)

@@ -3,7 +3,7 @@
 import torch
 
 from lowbit.models.capture import capture_inputs, decoder_linears
-from tests.tiny import tiny_llama
+from tests.tiny_models import tiny_llama
 
 
 def test_sites_group_shared_inputs_and_count_tokens():

@@ -4,7 +4,8 @@ in the cache (keyed by the file), as the default model is."""
 import pytest
 import torch
 
-from lowbit.models import ModelNotFoundError, load_model
+from lowbit.models import ModelNotFoundError
+from lowbit.checkpoint import load_model
 from lowbit.models.loading import default_gguf_path, gguf_cached_dir
 
 

@@ -2,8 +2,9 @@
 
 import pytest
 
-from lowbit.models import ModelNotFoundError, load_model
-from lowbit.models.tiny import tiny_model
+from lowbit.models import ModelNotFoundError
+from lowbit.checkpoint import load_model
+from tests.tiny_models import tiny_model
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

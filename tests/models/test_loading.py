@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from lowbit.models import ModelNotFoundError, load_model
+from lowbit.models import ModelNotFoundError
+from lowbit.checkpoint import load_model
 from lowbit.models import loading
 
 

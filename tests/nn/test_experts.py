@@ -1,6 +1,6 @@
 import torch
 
-from lowbit.models.tiny import tiny_model
+from tests.tiny_models import tiny_model
 from lowbit.nn import UnfusedExperts
 
 

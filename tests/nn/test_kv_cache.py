@@ -2,7 +2,7 @@ import torch
 
 from lowbit.formats import PerToken, choose_qparams
 from lowbit.formats.affine import in_range
-from lowbit.models.tiny import tiny_model
+from tests.tiny_models import tiny_model
 from lowbit.nn import PackedKVCache, install_kv_quantization
 from lowbit.nn.kv_cache import PackedKV
 

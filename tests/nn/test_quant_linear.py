@@ -3,8 +3,8 @@ import torch
 
 from lowbit.formats import PerGroup, PerToken, fake_quantize, packed_size
 from lowbit.nn import QuantLinear, module_bytes, quantize_activation, reference_quant_matmul
-from lowbit.quantize.scheme import ActArgs, WeightArgs
-from lowbit.quantize.weights import rtn
+from lowbit.formats.scheme import ActArgs, WeightArgs
+from lowbit.formats.quantized_weight import rtn
 
 
 def _layer(k=16, act=ActArgs(bits=4, group_size=128, clip_ratio=0.9), perm=True, bias=True, w_bits=4):

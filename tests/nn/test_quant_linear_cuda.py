@@ -3,8 +3,8 @@
 import torch
 
 from lowbit.nn import QuantLinear
-from lowbit.quantize.scheme import ActArgs, WeightArgs
-from lowbit.quantize.weights import rtn
+from lowbit.formats.scheme import ActArgs, WeightArgs
+from lowbit.formats.quantized_weight import rtn
 from tests.cuda import needs_cuda
 
 pytestmark = needs_cuda

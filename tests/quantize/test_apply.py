@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from lowbit.models.adapters import UnsupportedArchitectureError
-from lowbit.models.tiny import TINY_ARCHS, tiny_model
+from tests.tiny_models import TINY_ARCHS, tiny_model
 from lowbit.nn import PermutedNorm, QuantLinear
 from lowbit.quantize import PRESETS, get_scheme, quantize_model
 from lowbit.quantize.report import decoder_bytes

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lowbit.quantize import GPTQArgs, SchemeError, WeightArgs
-from lowbit.quantize.grids import CLIP_SEARCH, Grid
+from lowbit.formats.grid import CLIP_SEARCH, Grid
 from lowbit.quantize.weights import gptq
 
 
@@ -57,7 +57,7 @@ def test_act_order_static_groups_match_the_storage_order():
     """With a diagonal Hessian GPTQ has no error to spread, so act order (which visits columns by
     decreasing input energy) must store exactly round-to-nearest codes with the original-order
     group scales: scales fitted in one order and stored in another would break this."""
-    from lowbit.quantize.weights import rtn
+    from lowbit.formats.quantized_weight import rtn
 
     g = torch.Generator().manual_seed(2)
     w = torch.randn(8, 96, generator=g)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lowbit.models.lazy import open_from_disk
-from lowbit.models.tiny import tiny_model
+from tests.tiny_models import tiny_model
 from lowbit.quantize import get_scheme, quantize_model
 
 IDS = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))

@@ -4,13 +4,13 @@ import pytest
 import torch
 
 from lowbit.eval.forward import model_vocab
-from lowbit.io import load_quantized, save_quantized
-from lowbit.kernels import KernelLinear, accelerate
-from lowbit.models.tiny import tiny_model
+from lowbit.checkpoint import load_quantized, save_quantized
+from lowbit.accelerate import KernelLinear, accelerate
+from tests.tiny_models import tiny_model
 from lowbit.nn import QuantLinear
 from lowbit.quantize import get_scheme, quantize_model
 from lowbit.quantize.head import quantize_head
-from lowbit.quantize.scheme import GPTQArgs, Scheme, WeightArgs
+from lowbit.formats.scheme import GPTQArgs, Scheme, WeightArgs
 
 IDS = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
 

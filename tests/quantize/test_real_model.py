@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lowbit.data import calibration_ids
-from lowbit.models import load_model
+from lowbit.checkpoint import load_model
 from lowbit.quantize import get_scheme, quantize_model
 from lowbit.quantize.report import decoder_bytes
 

@@ -4,8 +4,8 @@ independent quantized part per rank's input slice, with a permutation inside the
 import pytest
 import torch
 
-from lowbit.comm.tp import TPSplitError
-from lowbit.models.tiny import tiny_model
+from lowbit.models.shard_plan import TPSplitError
+from tests.tiny_models import tiny_model
 from lowbit.nn import QuantLinear, RowShardedLinear
 from lowbit.quantize import Scheme, SchemeError, TPArgs, get_scheme, quantize_model
 from lowbit.quantize.row_shards import shard_outliers

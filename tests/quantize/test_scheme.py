@@ -4,7 +4,7 @@ import pytest
 
 from lowbit.quantize import PRESETS, Scheme, SchemeError, get_scheme
 from lowbit.quantize.overrides import apply_overrides
-from lowbit.quantize.scheme import ActArgs, GPTQArgs, KVArgs, OutlierArgs, WeightArgs
+from lowbit.formats.scheme import ActArgs, GPTQArgs, KVArgs, OutlierArgs, WeightArgs
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lowbit.models.adapters import InputGroup, get_adapter
-from lowbit.models.tiny import tiny_model
+from tests.tiny_models import tiny_model
 from lowbit.quantize import GPTQArgs, WeightArgs, get_scheme, quantize_model
 from lowbit.quantize.apply import _stages
 from lowbit.quantize.calibrate import capture_layer_inputs, capture_linear_inputs, collect_stats

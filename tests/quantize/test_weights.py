@@ -2,10 +2,11 @@ import pytest
 import torch
 
 from lowbit.formats import PerGroup, fake_quantize
-from lowbit.quantize.grids import Grid
+from lowbit.formats.grid import Grid
 from lowbit.quantize.outliers import outlier_permutation
-from lowbit.quantize.scheme import GPTQArgs, WeightArgs
-from lowbit.quantize.weights import gptq, rtn, split_rows
+from lowbit.formats.scheme import GPTQArgs, WeightArgs
+from lowbit.quantize.weights import gptq
+from lowbit.formats.quantized_weight import rtn, split_rows
 
 
 def _data(out=48, n=160, tokens=512, seed=0):

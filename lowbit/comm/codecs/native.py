@@ -1,6 +1,6 @@
 """The fused C encoder/decoder for CPU tensors, built on first use with the system C compiler.
 
-Built by :mod:`lowbit.kernels.cbuild` (``cc -O3 -march=native``, cached per sources, flags,
+Built by :mod:`lowbit.native.cbuild` (``cc -O3 -march=native``, cached per sources, flags,
 compiler and CPU; loaded with ctypes). If the compiler rejects -march=native, plain -O3 is used;
 both builds write the same bits (tested). With AVX2 + F16C the kernel uses the intrinsics in
 ``csrc/qr_avx2.h``. If no compiler is found, or LOWBIT_QR_NATIVE=0, ``available()`` is False and
@@ -15,12 +15,12 @@ from pathlib import Path
 
 import torch
 
-from lowbit.kernels import cbuild, isa
+from lowbit.native import cbuild, isa
 
 _SRC = Path(__file__).with_name("csrc") / "qr_codec.c"
 
 def _flag_sets() -> tuple[tuple[str, ...], ...]:
-    """This CPU's ISA variant, then narrower ones (lowbit.kernels.isa); the codecs run no threads."""
+    """This CPU's ISA variant, then narrower ones (lowbit.native.isa); the codecs run no threads."""
     return isa.flag_sets(())
 
 

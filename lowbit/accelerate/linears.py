@@ -1,0 +1,79 @@
+"""``KernelLinear``: a drop-in for :class:`lowbit.nn.QuantLinear` whose forward runs the
+dispatched kernel on tensors prepared once, and ``accelerate(model)`` to swap them all in.
+
+Layers the kernels cannot run (FP4 grids, FP16 outliers, float weights) keep their own
+reference forward; ``accelerate`` returns how many of each it swapped.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+from torch import nn
+
+from lowbit.kernels.dispatch import PreparedLinear, prepare
+from lowbit.kernels.linear_params import KernelError, from_quant_linear
+
+
+class KernelLinear(nn.Module):
+    def __init__(self, prepared: PreparedLinear, in_features: int, out_features: int,
+                 input_perm: torch.Tensor | None, weight_bytes: int):
+        super().__init__()
+        self.prepared = prepared
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("input_perm", input_perm)
+        self.weight_bytes = weight_bytes
+
+    @classmethod
+    def from_quant_linear(cls, ql: nn.Module, kernel: str | None = None) -> "KernelLinear":
+        from lowbit.nn.quant_linear import module_bytes
+
+        p = from_quant_linear(ql)
+        dev = ql.qweight.device
+        return cls(prepare(p, dev, kernel), ql.in_features, ql.out_features,
+                   None if ql.input_perm is None else ql.input_perm.clone(), module_bytes(ql))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_perm is not None:
+            x = x.index_select(-1, self.input_perm)
+        return self.prepared.batched(x)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}->{self.out_features}, {self.prepared.kind} via {self.prepared.kernel}"
+
+
+def accelerate(model: nn.Module, kernel: str | None = None, fuse: bool = True) -> Counter:
+    """Replace every ``QuantLinear`` the kernels support by a ``KernelLinear`` (in place); with
+    ``fuse``, linears that read one input (q/k/v, gate/up) first become one kernel call
+    (:mod:`.fuse`, counted as ``fused_groups``)."""
+    from lowbit.models.adapters import get_path, set_path
+    from lowbit.nn.quant_linear import QuantLinear
+
+    from lowbit.accelerate import fuse as fusion
+
+    counts: Counter = Counter()
+    for paths in fusion.shared_input_groups(model) if fuse else []:
+        mods = [get_path(model, p) for p in paths]
+        if not all(isinstance(m, QuantLinear) for m in mods):
+            continue
+        try:
+            parts = fusion.fuse(mods, kernel)
+        except KernelError:
+            continue  # swapped one by one below
+        for path, part in zip(paths, parts):
+            set_path(model, path, part)
+        counts[f"{parts[0].prepared.kind}:{parts[0].prepared.kernel}"] += len(parts)
+        counts["fused_groups"] += 1
+    for name, mod in list(model.named_modules()):
+        if not isinstance(mod, QuantLinear):
+            continue
+        try:
+            new = KernelLinear.from_quant_linear(mod, kernel)
+        except KernelError:
+            counts["kept_reference"] += 1
+            continue
+        parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+        setattr(parent, name.rsplit(".", 1)[-1], new)
+        counts[f"{new.prepared.kind}:{new.prepared.kernel}"] += 1
+    return counts

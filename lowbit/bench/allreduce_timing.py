@@ -1,0 +1,137 @@
+"""Measurements shared by ``lowbit bench`` and ``lowbit tune``: run on every rank of a group.
+
+Times are per call, the slowest rank's time (an all-reduce is done when the last rank is done),
+median over repeats, after one warm-up call.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from lowbit.comm.allreduce import QuickAllReduce
+from lowbit.comm.codecs import decode, encode, fp_wire_dtype, get_codec
+from lowbit.comm.policy import NO_MAX
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def timed_collective(op, x: torch.Tensor, repeats: int) -> float:
+    """Median over repeats of the slowest rank's seconds for ``op(fresh copy of x)``."""
+    dev = x.device
+    times = []
+    for i in range(repeats + 1):
+        t = x.clone()
+        _sync(dev)
+        dist.barrier()
+        t0 = time.perf_counter()
+        op(t)
+        _sync(dev)
+        dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=dev)
+        dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+        if i:  # the first call warms up buffers and connections
+            times.append(float(dt))
+    return statistics.median(times)
+
+
+def rank_input(n: int, dtype: torch.dtype, device: torch.device, seed: int = 0) -> torch.Tensor:
+    """Activation-like data: Gaussian with a few large outliers, different on every rank."""
+    g = torch.Generator().manual_seed(seed * 7919 + dist.get_rank())
+    x = torch.randn(n, generator=g)
+    idx = torch.randint(0, n, (max(1, n // 1000),), generator=g)
+    x[idx] *= 20
+    return x.to(dtype).to(device)
+
+
+def sqnr_db(exact: torch.Tensor, got: torch.Tensor) -> float:
+    e = (got.double() - exact).pow(2).sum()
+    s = exact.pow(2).sum()
+    return float("inf") if float(e) == 0 else float(10 * torch.log10(s / e))
+
+
+def allreduce_sweep(rank: int, world: int, sizes: list[int], codecs: list[str], dtype_name: str, repeats: int,
+                    check_metadata: bool = True, serial: bool = False) -> list[dict]:
+    """Plain vs each codec at each message size (bytes); one row per (size, method). ``serial``:
+    also each codec with its rounds run one after another (pipeline depth 1), method "CODEC serial"."""
+    dtype = DTYPES[dtype_name]
+    dev = _device()
+    es = torch.tensor([], dtype=dtype).element_size()
+    rows = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quick = {c: QuickAllReduce(codec=c, min_bytes=0, max_bytes=NO_MAX, table={}, check_metadata=check_metadata)
+                 for c in codecs}
+        if serial:
+            quick |= {f"{c} serial": QuickAllReduce(codec=c, min_bytes=0, max_bytes=NO_MAX, table={},
+                                                    check_metadata=check_metadata, pipeline_depth=1) for c in codecs}
+    for size in sizes:
+        n = max(1, size // es)
+        x = rank_input(n, dtype, dev, seed=size % 1000)
+        exact = x.double()
+        dist.all_reduce(exact)
+        plain = timed_collective(lambda t: dist.all_reduce(t), x, repeats)
+        ref = x.clone()
+        dist.all_reduce(ref)
+        rows.append({"size_bytes": n * es, "method": "plain", "seconds": plain, "sqnr_db": sqnr_db(exact, ref)})
+        for c in quick:
+            q = quick[c]
+            secs = timed_collective(q.all_reduce, x, repeats)
+            got = q.all_reduce(x.clone())
+            rows.append({"size_bytes": n * es, "method": c, "seconds": secs, "sqnr_db": sqnr_db(exact, got)})
+    return rows if rank == 0 else []
+
+
+def codec_cost(codec: str, n: int, dtype: torch.dtype, device: torch.device, repeats: int) -> tuple[float, float]:
+    """(encode, decode-to-fp32) seconds per element, median of repeats."""
+    c = get_codec(codec)
+    x = torch.randn(n, dtype=torch.float32, device=device).to(dtype)
+    fpw = fp_wire_dtype(dtype)
+    enc, dec = [], []
+    for i in range(repeats + 1):
+        _sync(device)
+        t0 = time.perf_counter()
+        w = encode(x, c)
+        _sync(device)
+        t1 = time.perf_counter()
+        decode(w, c, n, torch.float32, fp_wire=fpw)
+        _sync(device)
+        t2 = time.perf_counter()
+        if i:
+            enc.append(t1 - t0)
+            dec.append(t2 - t1)
+    return statistics.median(enc) / n, statistics.median(dec) / n
+
+
+def tune_measure(rank: int, world: int, sizes: list[int], codecs: list[str], dtypes: list[str], repeats: int,
+                 codec_elems: int) -> dict:
+    """Plain all-reduce times per size and dtype (the link), and codec costs (rank 0's device)."""
+    dev = _device()
+    out: dict = {"plain": {}, "codec": {}}
+    for dn in dtypes:
+        dtype = DTYPES[dn]
+        es = torch.tensor([], dtype=dtype).element_size()
+        out["plain"][dn] = [
+            (s, timed_collective(lambda t: dist.all_reduce(t), rank_input(max(1, s // es), dtype, dev), repeats))
+            for s in sizes
+        ]
+        for c in codecs:
+            cost = codec_cost(c, codec_elems, dtype, dev, repeats)
+            t = torch.tensor(cost, dtype=torch.float64, device=dev)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+            out["codec"][f"{c}/{dn}"] = tuple(float(v) for v in t)
+    return out if rank == 0 else {}

@@ -1,0 +1,216 @@
+"""Greedy decoding with the KV cache, timed: on one process (the reference) and on W
+tensor-parallel ranks that sum their row-parallel outputs with plain or quantized all-reduce.
+
+Every decode step feeds one token per sequence, so each all-reduce carries only
+``batch x hidden`` values (2.3 KiB per sequence for SmolLM2's 576 fp32 channels) and a step makes
+2 all-reduces per layer: decode under TP is bound by collective *latency*, not bandwidth.
+``decode_rank`` therefore also times the reducer alone on a message of exactly that size and
+counts the all-reduces of one step, so a table can say where a step's time goes.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from lowbit.parallel.layers import ALLREDUCE_CHOICES, make_reducer, set_reducer
+
+# "none" skips communication entirely: wrong sums, but the step time is the TP compute floor.
+DECODE_METHODS = ("none", *ALLREDUCE_CHOICES)
+
+
+@dataclass
+class GreedyRun:
+    tokens: torch.Tensor  # [B, n_new] int64, the generated tokens
+    prefill_s: float  # the prompt forward, which also yields the first new token
+    decode_s: float  # the n_new - 1 one-token steps
+
+
+def greedy_decode(model, ids: torch.Tensor, n_new: int, after_prefill: Callable[[], None] | None = None) -> GreedyRun:
+    """Greedy generation of ``n_new`` tokens after the prompt ``ids`` [B, T] (no padding), with
+    the model's KV cache: one prompt forward, then ``n_new - 1`` forwards of one token each."""
+    if ids.dim() != 2 or ids.numel() == 0:
+        raise ValueError(f"prompt ids must be a non-empty [batch, tokens] tensor, got shape {tuple(ids.shape)}")
+    if ids.dtype != torch.long:
+        raise TypeError(f"prompt ids must be int64 token ids, got {ids.dtype}")
+    if n_new < 1:
+        raise ValueError(f"n_new must be >= 1, got {n_new}")
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        nxt = out.logits[:, -1].argmax(-1)
+        t1 = time.perf_counter()
+        if after_prefill is not None:
+            after_prefill()
+        t1b = time.perf_counter()
+        cache, toks = out.cache, [nxt]
+        for _ in range(n_new - 1):
+            out = model(input_ids=nxt[:, None], cache=cache, use_cache=True, logits_to_keep=1)
+            cache, nxt = out.cache, out.logits[:, -1].argmax(-1)
+            toks.append(nxt)
+        t2 = time.perf_counter()
+    return GreedyRun(torch.stack(toks, 1), t1 - t0, t2 - t1b)
+
+
+class CountingReducer:
+    """Wraps a reducer and counts its calls (how many all-reduces one decode step makes)."""
+
+    def __init__(self, reduce: Callable[[torch.Tensor], torch.Tensor]):
+        self.reduce, self.calls = reduce, 0
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.reduce(t)
+
+
+def method_reducer(method: str, check_metadata: bool = True) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The reducer of a decode method: "none" (no communication), "plain" or a codec (every
+    message quantized, as in ``lowbit eval --tp``; ``check_metadata=False`` drops the cross-rank
+    size/dtype check, one extra small collective per call)."""
+    if method == "none":
+        return lambda t: t
+    if method not in ALLREDUCE_CHOICES:
+        raise ValueError(f"unknown all-reduce {method!r}; choose from {', '.join(DECODE_METHODS)}")
+    if method == "plain" or check_metadata:
+        return make_reducer(method)
+    import warnings
+
+    from lowbit.comm.allreduce import QuickAllReduce
+    from lowbit.comm.policy import NO_MAX
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qar = QuickAllReduce(codec=method, min_bytes=0, max_bytes=NO_MAX, table={}, check_metadata=False)
+    return qar.all_reduce
+
+
+def time_greedy(model, ids: torch.Tensor, n_new: int, repeats: int, warmup_new: int = 4,
+                sync: Callable[[], None] | None = None) -> dict:
+    """Median prefill and decode time of ``repeats`` greedy runs after a short warm-up run;
+    ``sync`` (a barrier) runs before each so that all ranks start a run together."""
+    sync = sync or (lambda: None)
+    sync()
+    greedy_decode(model, ids, min(warmup_new, n_new))
+    pre, dec, tokens = [], [], None
+    for _ in range(repeats):
+        sync()
+        run = greedy_decode(model, ids, n_new)
+        if tokens is not None and not torch.equal(tokens, run.tokens):
+            raise RuntimeError("greedy decoding is not deterministic across repeats")
+        tokens = run.tokens
+        pre.append(run.prefill_s)
+        dec.append(run.decode_s)
+    b = ids.shape[0]
+    d = statistics.median(dec)
+    return {"batch": b, "prefill_s": statistics.median(pre), "decode_s": d, "decode_s_all": dec,
+            "step_ms": 1e3 * d / max(n_new - 1, 1), "tok_s": b * (n_new - 1) / d if n_new > 1 else float("nan"),
+            "tokens": tokens.tolist()}
+
+
+def time_reducer(reduce: Callable[[torch.Tensor], torch.Tensor], shape: tuple[int, ...], calls: int, repeats: int,
+                 sync: Callable[[], None]) -> float:
+    """Median seconds per call of ``reduce`` on an fp32 message of ``shape`` (``calls`` back-to-back
+    calls per repeat, like one decode step's all-reduces)."""
+    src = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    per = []
+    with torch.inference_mode():  # as inside the model's forward (reducers may keep inference-mode buffers)
+        buf = src.clone()
+        for _ in range(3):  # warm-up: workspace buffers, connections
+            buf.copy_(src)
+            reduce(buf)
+        for _ in range(repeats):
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                buf.copy_(src)
+                reduce(buf)
+            per.append((time.perf_counter() - t0) / calls)
+    return statistics.median(per)
+
+
+def decode_rank(rank: int, world: int, path: str, methods: list[str], prompts: list[torch.Tensor], n_new: int,
+                repeats: int, check_metadata: bool = True) -> list[dict]:
+    """One rank of the TP decode benchmark: load the shard once; per prompt batch, warm every
+    method up and count its all-reduces per step, then time greedy decoding and the reducer alone
+    with the methods *interleaved* in every repeat (a shared, loaded machine drifts; interleaving
+    gives every method the same share of it). Every rank returns its rows (the parent checks that
+    all ranks generated the same tokens and reports rank 0's times)."""
+    import torch.distributed as dist
+
+    from lowbit.parallel.shard import load_tp_shard
+
+    if n_new < 2 or repeats < 1:
+        raise ValueError(f"need n_new >= 2 and repeats >= 1, got {n_new} and {repeats}")
+    counter = CountingReducer(lambda t: t)
+    model = load_tp_shard(path, rank, world, counter)
+    hidden = model.config.hidden_size
+    reducers = {m: method_reducer(m, check_metadata) for m in dict.fromkeys(methods)}  # same order on every rank
+
+    def use(method: str) -> None:
+        counter.reduce = reducers[method]
+        set_reducer(model, counter)
+
+    rows = []
+    for ids in prompts:
+        b = ids.shape[0]
+        per_step = {}
+        for m in reducers:  # warm-up run that also counts the all-reduces of one step
+            use(m)
+            counter.calls, marks = 0, []
+            dist.barrier()
+            greedy_decode(model, ids, 3, after_prefill=lambda: marks.append(counter.calls))
+            per_step[m] = (counter.calls - marks[0]) / 2
+        pre = {m: [] for m in reducers}
+        dec = {m: [] for m in reducers}
+        ar = {m: [] for m in reducers}
+        toks: dict[str, torch.Tensor] = {}
+        for _ in range(repeats):
+            for m in reducers:
+                use(m)
+                dist.barrier()
+                run = greedy_decode(model, ids, n_new)
+                if m in toks and not torch.equal(toks[m], run.tokens):
+                    raise RuntimeError(f"greedy decoding with {m} is not deterministic across repeats")
+                toks[m] = run.tokens
+                pre[m].append(run.prefill_s)
+                dec[m].append(run.decode_s)
+                if m != "none":
+                    ar[m].append(time_reducer(reducers[m], (b, hidden), max(int(per_step[m]), 1), 1, dist.barrier))
+        for m in reducers:
+            d = statistics.median(dec[m])
+            row = {"batch": b, "method": m, "prefill_s": statistics.median(pre[m]), "decode_s": d, "decode_s_all": dec[m],
+                   "step_ms": 1e3 * d / (n_new - 1), "tok_s": b * (n_new - 1) / d, "tokens": toks[m].tolist(),
+                   "allreduces_per_step": per_step[m], "message_bytes": b * hidden * 4,
+                   "allreduce_s": statistics.median(ar[m]) if ar[m] else 0.0}
+            rows.append(row)
+            if rank == 0:
+                print(f"  batch {b} {m:>5}: {row['tok_s']:.1f} tok/s, step {row['step_ms']:.1f} ms, "
+                      f"all-reduce {row['allreduce_s'] * 1e6:.0f} us x {per_step[m]:g}", flush=True)
+    return rows
+
+
+def single_process_rows(model, prompts: list[torch.Tensor], n_new: int, repeats: int, threads: int) -> list[dict]:
+    """The unsplit model's greedy decode times and tokens with ``threads`` torch threads."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return [time_greedy(model, ids, n_new, repeats) | {"method": f"single ({threads} thr)", "threads": threads}
+                for ids in prompts]
+    finally:
+        torch.set_num_threads(old)
+
+
+def matching_prefix(a: list[list[int]], b: list[list[int]]) -> tuple[float, float]:
+    """(fraction of equal tokens, mean length of the equal prefix per sequence) of two token lists;
+    after the first difference greedy outputs follow different contexts, so the prefix is the fair
+    measure of agreement."""
+    ta, tb = torch.tensor(a), torch.tensor(b)
+    if ta.shape != tb.shape:
+        raise ValueError(f"token shapes differ: {tuple(ta.shape)} vs {tuple(tb.shape)}")
+    eq = ta == tb
+    prefix = eq.long().cumprod(1).sum(1).float()
+    return float(eq.double().mean()), float(prefix.mean())

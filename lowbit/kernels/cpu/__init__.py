@@ -1,0 +1,1 @@
+"""CPU backends: lowbit's C kernels (``../csrc``) and the torch int8 operators they are compared with."""

@@ -1,0 +1,139 @@
+"""lowbit's INT8-weight CPU kernel (``csrc/w8_gemv.c``): the weight stays 1 byte per value and
+products are exact int32 sums (``vpmaddwd`` on sign-extended codes). 4 output rows share every
+activation load, 4 tokens share every sign extension.
+
+W8A8 (:func:`run_codes`): per-token INT8 codes, one float32 rescale by weight scale x activation
+scale. W8A16 (:func:`run`): the kernel rounds the activations to int16 per block of 256 channels
+(step s_b = absmax_b/32767, |Δx| ≤ s_b/2) and sums the blocks' rescaled products in float32;
+tested within Σ_b (s_b/2)·Σ|w| + 2^-20·Σ|x||w| of the float64 reference. A NaN/Inf activation
+makes its token's outputs NaN.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from lowbit.kernels.cpu import a16_linear, act_sym
+from lowbit.native import cbuild
+from lowbit.kernels.linear_params import KernelError
+
+CHUNK = 32  # input channels per 32-byte chunk of codes
+PORTABLE_FLAGS = ("-O3", "-DW8_NO_SIMD")
+
+
+def _bind(lib: ctypes.CDLL) -> None:
+    i64, vp = ctypes.c_int64, ctypes.c_void_p
+    lib.w8_gemv_codes.argtypes = [vp, vp, i64, i64, vp, vp, i64, vp, ctypes.c_int]
+    lib.w8_linear.argtypes = [vp, vp, i64, i64, i64, vp, ctypes.c_int, i64, vp, ctypes.c_int, ctypes.c_int]
+    lib.w8_linear.restype = ctypes.c_int
+    act_sym.bind(lib.w8_act_sym)
+
+
+_LIB = cbuild.NativeLibrary(Path(__file__).parents[1] / "csrc" / "w8_gemv.c", cbuild.kernel_flag_sets, _bind)
+
+
+def library(flags: tuple[str, ...] | None = None) -> ctypes.CDLL | None:
+    return _LIB.get(flags)
+
+
+def available() -> bool:
+    return library() is not None
+
+
+def _built(lib: ctypes.CDLL | None) -> ctypes.CDLL:
+    """``lib``, else the best build; a KernelError where none could be built."""
+    lib = lib or library()
+    if lib is None:
+        raise KernelError("w8 native kernel: no C compiler could build it")
+    return lib
+
+
+@dataclass
+class W8GemvPrepared:
+    packed: torch.Tensor  # int8 [out_pad, kp], row-major (torch._int_mm reads it as it is)
+    scale: torch.Tensor  # float32 [out_pad] (padded rows: 0)
+    n_in: int
+    k_pad: int
+    out: int
+    bias: torch.Tensor | None = None
+    method: str = "native"
+
+    def __post_init__(self) -> None:
+        # the weight half of w8_linear's arguments, built once
+        self.args = (self.packed.data_ptr(), self.scale.data_ptr(), self.scale.shape[0], self.k_pad, self.n_in)
+
+    def __deepcopy__(self, memo):  # a copy gets its own tensors, so its own pointers
+        return a16_linear.copy_prepared(self, memo)
+
+
+def prepare(codes: torch.Tensor, scale: torch.Tensor) -> W8GemvPrepared:
+    """INT8 weight codes ``[out, in]`` and per-row scales ``[out]`` → the kernel's layout."""
+    if codes.dtype != torch.int8:
+        raise KernelError(f"w8 native kernel needs int8 codes, got {codes.dtype}")
+    out, n = codes.shape
+    kp, out_pad = -(-n // CHUNK) * CHUNK, -(-out // 4) * 4
+    c = F.pad(codes, (0, kp - n, 0, out_pad - out))
+    packed = c.contiguous()
+    return W8GemvPrepared(packed, F.pad(scale.float(), (0, out_pad - out)).contiguous(), n, kp, out)
+
+
+def run(x: torch.Tensor, w: W8GemvPrepared, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """W8A16: ``x [..., in]`` (float32 or bfloat16; others are converted to float32) → ``[..., out]``
+    of x's dtype."""
+    lib = _built(lib)
+    return a16_linear.call(lib.w8_linear, w.args, w.n_in, w.args[2], w.out, w.bias, x, "w8 native kernel")
+
+
+def run_codes(codes: torch.Tensor, scale: torch.Tensor, w: W8GemvPrepared, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """``float(codes [t, in] · weight rows) * (w_scale * scale [t])`` → ``[t, out]`` float32."""
+    lib = _built(lib)
+    if codes.dim() != 2 or codes.shape[1] != w.n_in or codes.device.type != "cpu":
+        raise ValueError(f"w8 native kernel: codes must be CPU [tokens, {w.n_in}], got {tuple(codes.shape)}")
+    t = codes.shape[0]
+    if scale.numel() != t:
+        raise ValueError(f"w8 native kernel: scale must hold one value per token ({t}), got {tuple(scale.shape)}")
+    xq = F.pad(codes.to(torch.int16), (0, w.k_pad - w.n_in)).contiguous()
+    return _gemv_codes(lib, xq, scale.float().contiguous(), w)
+
+
+def run_int16_codes(codes: torch.Tensor, scale: torch.Tensor, w: W8GemvPrepared, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """:func:`run_codes` for int16 codes ``[t, in]`` (|code| ≤ 32767) that need no cast: W4A4's
+    outlier channels as :mod:`.native_act` returns them."""
+    lib = _built(lib)
+    if codes.dtype != torch.int16 or codes.dim() != 2 or codes.shape[1] != w.n_in or scale.numel() != codes.shape[0]:
+        raise ValueError(f"w8 native kernel: int16 codes [tokens, {w.n_in}] and one scale per token, got "
+                         f"{codes.dtype} {tuple(codes.shape)} / {tuple(scale.shape)}")
+    xq = codes if w.k_pad == w.n_in else F.pad(codes, (0, w.k_pad - w.n_in))
+    return _gemv_codes(lib, xq.contiguous(), scale.float().contiguous(), w)
+
+
+def _gemv_codes(lib, xq: torch.Tensor, sx: torch.Tensor, w: W8GemvPrepared) -> torch.Tensor:
+    t, out_pad = xq.shape[0], w.scale.shape[0]
+    y = torch.empty(t, out_pad)
+    if t:
+        lib.w8_gemv_codes(w.packed.data_ptr(), w.scale.data_ptr(), out_pad, w.k_pad, xq.data_ptr(), sx.data_ptr(),
+                          t, y.data_ptr(), torch.get_num_threads())
+    return y[:, :w.out] if out_pad != w.out else y
+
+
+def act_codes(x: torch.Tensor, w: W8GemvPrepared, bits: int, clip: float,
+              lib: ctypes.CDLL | None = None) -> act_sym.NativeCodes:
+    """Per-token symmetric ``bits``-bit codes of ``x [t, in]`` (:mod:`.native_act`), padded to the
+    weight's width: what the GEMV and ``torch._int_mm`` on this layout both read."""
+    lib = _built(lib)
+    if x.dim() != 2 or x.shape[1] != w.n_in:
+        raise ValueError(f"w8 native kernel: activations must be [tokens, {w.n_in}], got {tuple(x.shape)}")
+    return act_sym.symmetric_codes(lib.w8_act_sym, x, 0, w.n_in, 1, w.k_pad, bits, clip)
+
+
+def quantize_and_run(x: torch.Tensor, w: W8GemvPrepared, bits: int, clip: float,
+                     lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """W8A8 in two C calls: :func:`act_codes`, then the GEMV; ``[t, out]`` float32 (no bias)."""
+    lib = _built(lib)
+    c = act_codes(x, w, bits, clip, lib)
+    return _gemv_codes(lib, c.xq, c.scale, w)

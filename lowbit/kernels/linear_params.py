@@ -1,0 +1,139 @@
+"""Kernel-agnostic plain tensors of one quantized linear, and how to get them.
+
+Kernels never see modules: they take a :class:`LinearParams` (signed integer weight codes,
+float32 group scales, INT8 outlier columns, the activation recipe). ``from_quant_linear``
+reads a :class:`lowbit.nn.QuantLinear`; ``from_float`` quantizes a float weight by RTN (for
+benchmarks and tests), so both give the same tensors the reference path computes with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lowbit.errors import LowbitError
+
+KINDS = ("w4a16", "w8a16", "w8a8", "w4a4")
+
+
+class KernelError(LowbitError, RuntimeError):
+    """A kernel cannot run these parameters or this device (the message says why)."""
+
+
+@dataclass(frozen=True)
+class ActSpec:
+    """Dynamic per-token symmetric INT activations: ``bits`` in groups of ``group`` (0 = whole
+    row) over the normal channels, ``clip`` times the signed absmax; outliers INT8 per token."""
+
+    bits: int
+    group: int
+    clip: float = 1.0
+
+
+@dataclass
+class LinearParams:
+    kind: str
+    codes: torch.Tensor  # int8 signed [out, n_normal] (symmetric) or uint8 (asymmetric, with zero)
+    scale: torch.Tensor  # float32 [out, n_groups]
+    zero: torch.Tensor | None  # int32 [out, n_groups], asymmetric weights only
+    group: int  # weight group along the input (0 = whole row)
+    outlier: torch.Tensor  # int8 [out, k]
+    outlier_scale: torch.Tensor  # float32 [out]
+    act: ActSpec | None
+    bias: torch.Tensor | None = None
+
+    @property
+    def out_features(self) -> int:
+        return self.codes.shape[0]
+
+    @property
+    def n_normal(self) -> int:
+        return self.codes.shape[1]
+
+    @property
+    def n_outliers(self) -> int:
+        return self.outlier.shape[1]
+
+    @property
+    def in_features(self) -> int:
+        return self.n_normal + self.n_outliers
+
+    def to(self, device: torch.device | str) -> "LinearParams":
+        mv = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return LinearParams(self.kind, mv(self.codes), mv(self.scale), mv(self.zero), self.group, mv(self.outlier),
+                            mv(self.outlier_scale), self.act, mv(self.bias))
+
+    def dequantize(self) -> torch.Tensor:
+        """``[out, in]`` float32 weight (normal channels, then outliers)."""
+        out, n = self.codes.shape
+        g = self.group or n
+        q = self.codes.to(torch.float32)
+        if self.zero is not None:
+            q = (q.reshape(out, -1) - _expand(self.zero.float(), g, n))
+        w = q * _expand(self.scale, g, n)
+        o = self.outlier.float() * self.outlier_scale[:, None]
+        return torch.cat([w, o], dim=1)
+
+
+def _expand(per_group: torch.Tensor, g: int, n: int) -> torch.Tensor:
+    return per_group.repeat_interleave(g, dim=1)[:, :n]
+
+
+def kind_of(w_bits: int, act: ActSpec | None) -> str:
+    if w_bits == 4 and act is None:
+        return "w4a16"
+    if w_bits == 8 and act is None:
+        return "w8a16"
+    if w_bits == 8 and act is not None and act.bits == 8:
+        return "w8a8"
+    if w_bits == 4 and act is not None and act.bits == 4:
+        return "w4a4"
+    raise KernelError(f"no kernel kind for W{w_bits}A{act.bits if act else 16}")
+
+
+def from_quant_linear(ql) -> LinearParams:
+    """Plain tensors of a ``QuantLinear`` (integer grid only). The input permutation, if the
+    module has one, is *not* applied here: the caller index-selects ``x`` first (as forward does)."""
+    lay = ql.layout
+    if lay.w_bits == 16 or lay.w_format != "int":
+        raise KernelError(f"QuantLinear W{lay.w_bits} {lay.w_format}: no integer kernel, use its reference forward")
+    if lay.outlier_precision != "int8":
+        raise KernelError("kernels support INT8 outlier channels only (this layer keeps them in FP16)")
+    act = None
+    if ql.act_args is not None:
+        a = ql.act_args
+        if a.format != "int" or not a.symmetric:
+            raise KernelError(f"kernels support symmetric INT activations only, got {a.format} symmetric={a.symmetric}")
+        act = ActSpec(a.bits, a.group_size, a.clip_ratio)
+    qw = ql.quantized_weight()
+    if qw.grid.symmetric:
+        codes = (qw.codes.to(torch.int16) - qw.grid.offset).to(torch.int8)
+        zero = None
+    else:
+        codes, zero = qw.codes, qw.zero.to(torch.int32)
+    k = qw.outlier.shape[1]
+    os_ = qw.outlier_scale if qw.outlier_scale is not None else torch.ones(codes.shape[0])
+    return LinearParams(kind_of(lay.w_bits, act), codes, qw.scale.float(), zero, lay.w_group,
+                        qw.outlier if k else torch.zeros(codes.shape[0], 0, dtype=torch.int8),
+                        os_.float(), act, None if ql.bias is None else ql.bias.float())
+
+
+def from_float(weight: torch.Tensor, kind: str, *, group: int = 128, n_outliers: int = 0,
+               act_clip: float = 1.0, bias: torch.Tensor | None = None) -> LinearParams:
+    """RTN-quantize ``weight [out, in]`` (last ``n_outliers`` columns INT8) for ``kind``."""
+    from lowbit.formats.scheme import WeightArgs
+    from lowbit.formats.quantized_weight import rtn
+
+    if kind not in KINDS:
+        raise KernelError(f"unknown kernel kind {kind!r}; kinds: {', '.join(KINDS)}")
+    bits = 4 if kind in ("w4a16", "w4a4") else 8
+    g = group if bits == 4 else 0
+    if kind != "w4a4" and n_outliers:
+        raise KernelError(f"{kind} has no outlier channels")
+    qw = rtn(weight.float(), WeightArgs(bits=bits, group_size=g, symmetric=True), n_outliers, "int8")
+    codes = (qw.codes.to(torch.int16) - qw.grid.offset).to(torch.int8)
+    act = {"w4a16": None, "w8a16": None, "w8a8": ActSpec(8, 0), "w4a4": ActSpec(4, g, act_clip)}[kind]
+    os_ = qw.outlier_scale if qw.outlier_scale is not None else torch.ones(codes.shape[0])
+    return LinearParams(kind, codes, qw.scale.float(), None, g, qw.outlier, os_.float(), act,
+                        None if bias is None else bias.float())

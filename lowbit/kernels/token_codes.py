@@ -1,0 +1,59 @@
+"""Dynamic per-token activation quantization for the integer kernels (plain torch, any device).
+
+Same arithmetic as :func:`lowbit.nn.quantized_activation.quantize_activation` for symmetric INT grids
+(scale = the group's signed absmax times ``clip`` over ``-2^(b-1)``, zero scales become 1,
+round half to even, clamp), but returns *signed* int8 codes and ``[tokens, groups]`` scales,
+which is what integer matmuls consume. Tested equal to the module's version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lowbit.kernels.linear_params import ActSpec
+
+
+@dataclass
+class IntActivation:
+    codes: torch.Tensor  # int8 [t, n_normal]
+    scale: torch.Tensor  # float32 [t, n_groups]
+    outlier: torch.Tensor  # int8 [t, k]
+    outlier_scale: torch.Tensor  # float32 [t]
+
+
+def _symmetric(blocks: torch.Tensor, bits: int, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``blocks [..., L]`` float32 → (int8 codes, float32 scale [...])."""
+    if blocks.shape[-1] == 0:
+        return blocks.to(torch.int8), blocks.new_ones(blocks.shape[:-1])
+    idx = blocks.abs().argmax(dim=-1, keepdim=True)
+    scale = blocks.gather(-1, idx).squeeze(-1) * clip / -(2 ** (bits - 1))
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = torch.round(blocks / scale.unsqueeze(-1)).clamp_(-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    return q.to(torch.int8), scale
+
+
+def quantize_tokens(x: torch.Tensor, act: ActSpec, n_outliers: int = 0) -> IntActivation:
+    """``x [t, in]`` (outlier channels last) → integer codes and scales."""
+    if x.dim() != 2:
+        raise ValueError(f"activations must be [tokens, features], got {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"activations must be floating point, got {x.dtype}")
+    x = x.float()
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError("activations contain NaN or Inf: they have no integer code")
+    t, n_in = x.shape
+    n = n_in - n_outliers
+    if n < 0:
+        raise ValueError(f"{n_outliers} outlier channels but only {n_in} features")
+    g = act.group or n
+    ng = -(-n // g) if n else 0
+    pad = ng * g - n
+    xn = x[:, :n]
+    if pad:
+        xn = torch.nn.functional.pad(xn, (0, pad))
+    codes, scale = _symmetric(xn.reshape(t, ng, g), act.bits, act.clip)
+    codes = codes.reshape(t, ng * g)[:, :n]
+    oc, os_ = _symmetric(x[:, n:], 8, 1.0)
+    return IntActivation(codes, scale, oc, os_)

@@ -1,0 +1,120 @@
+"""One rank's shard of a lowbit checkpoint quantized for W tensor-parallel ranks
+(``lowbit quantize --tp W``).
+
+Column-parallel q/k/v and gate/up keep whole output rows of the packed codes, group scales and
+INT8 outlier weights and scales; their input permutation lives in the (replicated) permuted norm.
+The row-parallel o_proj and down_proj were quantized slice by slice
+(:mod:`lowbit.quantize.row_shards`), so rank r loads part r whole: its own permutation, groups and
+outlier channels. Only this rank's rows and part are read from the safetensors file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lowbit.errors import CheckpointError
+from lowbit.checkpoint.load import open_checkpoint
+from lowbit.checkpoint.layout import rebuild
+from lowbit.io.safetensors_reader import CheckpointReader
+from lowbit.models.lazy import materialize_rest, meta_model
+from lowbit.nn.quant_linear import QuantLinear, QuantLinearLayout
+
+from lowbit.parallel.layers import RowParallelLinear, column_linear
+from lowbit.models.shard_plan import TPSplitError, make_plan
+
+Select = Callable[[str], torch.Tensor]
+
+
+def _fill(mod: QuantLinear, name: str, read: Callable[[str, str], torch.Tensor]) -> QuantLinear:
+    for b, t in mod._buffers.items():
+        if t is None:
+            continue
+        v = read(f"{name}.{b}", b)
+        if tuple(v.shape) != tuple(t.shape) or v.dtype != t.dtype:
+            raise CheckpointError(f"{name}.{b}: checkpoint has {tuple(v.shape)} {v.dtype}, its layout needs "
+                                  f"{tuple(t.shape)} {t.dtype}")
+        mod._buffers[b] = v.contiguous()
+    return mod
+
+
+def _column(reader: CheckpointReader, name: str, layouts: dict, select: Select, n_rows: int) -> nn.Module:
+    """Output rows ``select`` of linear ``name``: packed when the checkpoint quantized it."""
+    if name in layouts:
+        lay = replace(QuantLinearLayout.from_dict(layouts[name]), out_features=n_rows)
+        return _fill(QuantLinear(lay), name, lambda full, buf: reader.full(full) if buf == "input_perm" else select(full))
+    bias = select(name + ".bias") if name + ".bias" in reader else None
+    return column_linear(select(name + ".weight").float().contiguous(), None if bias is None else bias.float())
+
+
+def _row(reader: CheckpointReader, name: str, layout: dict, rank: int, lo: int, hi: int,
+         reduce: Callable) -> RowParallelLinear:
+    """Input columns lo..hi-1 of row-parallel linear ``name``, its output all-reduced."""
+    sharded = layout.get("row_sharded", {}).get(name)
+    bias = reader.full(name + ".bias").float() if name + ".bias" in reader else None
+    if sharded is not None:
+        if sharded["splits"][rank] != hi - lo:
+            raise CheckpointError(f"{name}: slice {rank} of the checkpoint has {sharded['splits'][rank]} channels, "
+                                  f"this split gives rank {rank} {hi - lo}")
+        part = f"{name}.parts.{rank}"
+        local = _fill(QuantLinear(QuantLinearLayout.from_dict(layout["quant_linears"][part])), part,
+                      lambda full, buf: reader.full(full))
+        return RowParallelLinear(local, bias, reduce)
+    if name in layout.get("quant_linears", {}):  # one rank: the whole layer (its bias inside)
+        lay = QuantLinearLayout.from_dict(layout["quant_linears"][name])
+        return RowParallelLinear(_fill(QuantLinear(lay), name, lambda full, buf: reader.full(full)), None, reduce)
+    return RowParallelLinear(column_linear(reader.cols(name + ".weight", lo, hi).float().contiguous(), None), bias, reduce)
+
+
+def _shard_layer(layer: nn.Module, prefix: str, reader: CheckpointReader, layout: dict, plan, rank: int,
+                 reduce: Callable) -> None:
+    a, hd = plan.attn[rank], plan.head_dim
+    q, kv = list(a.q_heads), list(a.kv_heads)
+    qls = layout.get("quant_linears", {})
+    attn, p = layer.self_attn, prefix + "self_attn."
+    attn.q_proj = _column(reader, p + "q_proj", qls, lambda n: reader.row_blocks(n, q, hd), len(q) * hd)
+    for name in ("k_proj", "v_proj"):
+        setattr(attn, name, _column(reader, p + name, qls, lambda n: reader.row_blocks(n, kv, hd), len(kv) * hd))
+    attn.num_key_value_groups = a.groups
+    attn.o_proj = _row(reader, p + "o_proj", layout, rank, q[0] * hd, (q[-1] + 1) * hd, reduce)
+    mlp, p = layer.mlp, prefix + "mlp."
+    lo, hi = plan.mlp[rank]
+    for name in ("gate_proj", "up_proj"):
+        setattr(mlp, name, _column(reader, p + name, qls, lambda n: reader.rows(n, lo, hi), hi - lo))
+    mlp.down_proj = _row(reader, p + "down_proj", layout, rank, lo, hi, reduce)
+
+
+def require_world(path, made_for: int, world: int) -> None:
+    """A checkpoint quantized for ``made_for`` ranks runs on exactly that many."""
+    if made_for != world:
+        raise TPSplitError(f"{path} was quantized for {made_for} tensor-parallel rank(s), not {world}: run it with "
+                           f"--tp {made_for}, or quantize again with `lowbit quantize --tp {world}`")
+
+
+def load_tp_quantized_shard(path: str | Path, rank: int, world: int, reduce: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
+    """This rank's shard of the lowbit checkpoint ``path`` (see :func:`lowbit.comm.tp.load_tp_shard`)."""
+    from transformers import AutoConfig
+
+    from lowbit.nn.kv_cache import install_kv_quantization
+
+    # every rank reads only its slices: the config's hash and the size are checked, not the tensors' full hash
+    meta, scheme, _ = open_checkpoint(path, sha256=False)
+    require_world(path, scheme.tensor_parallel.world, world)
+    config = AutoConfig.from_pretrained(path)
+    plan = make_plan(config, world)
+    reader = CheckpointReader(path)
+    layout = meta.get("layout", {})
+    model = meta_model(config, torch.float32)
+    with torch.device("meta"):
+        rebuild(model, layout)
+    for i, layer in enumerate(model.base_model.layers):
+        _shard_layer(layer, f"model.layers.{i}.", reader, layout, plan, rank, reduce)
+    materialize_rest(model, config, reader, torch.float32, path)
+    if scheme.kv_cache.enabled:
+        install_kv_quantization(model, scheme.kv_cache.bits, scheme.kv_cache.symmetric)
+    model.lowbit_tp_plan, model.lowbit_scheme = plan, scheme
+    return model.eval()

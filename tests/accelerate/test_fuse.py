@@ -1,0 +1,82 @@
+"""Linears that read one input run as one kernel call, with the same bits as one call each."""
+
+import copy
+
+import pytest
+import torch
+
+from lowbit.accelerate import KernelLinear, accelerate
+from lowbit.kernels import from_float
+from lowbit.accelerate.fuse import FusedPart, concat_params, shared_input_groups
+from lowbit.kernels.linear_params import KernelError
+from tests.tiny_models import tiny_model
+from lowbit.quantize import get_scheme, quantize_model
+from lowbit.formats.scheme import GPTQArgs
+
+IDS = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+
+
+def _quantized(name: str, arch: str = "llama"):
+    model = tiny_model(arch, hidden_size=256, intermediate_size=512)
+    quantize_model(model, get_scheme(name).with_(gptq=GPTQArgs(enabled=False)), IDS, progress=False)
+    return model
+
+
+@pytest.mark.parametrize("name", ["w4a16", "w8a8", "w4a4"])
+def test_fused_model_is_bit_identical_to_one_call_per_linear(name):
+    model = _quantized(name)
+    fused, single = copy.deepcopy(model), copy.deepcopy(model)
+    counts = accelerate(fused)
+    assert counts["fused_groups"] == 2 * model.config.num_hidden_layers  # q/k/v and gate/up per layer
+    assert "fused_groups" not in accelerate(single, fuse=False)
+    attn = fused.model.layers[0].self_attn
+    assert isinstance(attn.q_proj, FusedPart) and attn.q_proj.shared is attn.v_proj.shared
+    assert isinstance(fused.model.layers[0].self_attn.o_proj, KernelLinear)
+    for ctx in (torch.inference_mode, torch.no_grad):
+        with ctx():
+            assert torch.equal(fused(IDS).logits, single(IDS).logits)
+    with torch.inference_mode():  # decode with a cache: one token at a time
+        a = fused.generate(IDS[:1, :8], max_new_tokens=6, do_sample=False)
+        b = single.generate(IDS[:1, :8], max_new_tokens=6, do_sample=False)
+    assert torch.equal(a, b)
+
+
+def test_a_part_called_with_another_or_changed_input_recomputes():
+    model = _quantized("w4a16")
+    single = copy.deepcopy(model)
+    accelerate(model)
+    accelerate(single, fuse=False)
+    fa, sa = model.model.layers[0].self_attn, single.model.layers[0].self_attn
+    x1, x2 = torch.randn(1, 3, 256), torch.randn(1, 3, 256)
+    with torch.no_grad():
+        assert torch.equal(fa.q_proj(x1), sa.q_proj(x1))
+        assert torch.equal(fa.k_proj(x2), sa.k_proj(x2))  # another input: not q's cached sibling
+        assert torch.equal(fa.q_proj(x1), sa.q_proj(x1))
+        x1.mul_(2)  # changed in place after q: the version counter catches it
+        assert torch.equal(fa.v_proj(x1), sa.v_proj(x1))
+        assert torch.equal(fa.q_proj(x1), sa.q_proj(x1))
+        assert torch.equal(fa.q_proj(x1), sa.q_proj(x1))  # the same part twice: recomputed
+    shared = fa.q_proj.shared
+    for p in (fa.k_proj, fa.v_proj):
+        with torch.no_grad():
+            p(x1)
+    assert shared._x is None  # every part taken: no tensor held between calls
+
+
+def test_moe_experts_are_not_fused_and_unknown_models_are_left_alone():
+    model = _quantized("w4a16", "mixtral")
+    groups = shared_input_groups(model)
+    assert groups and all(".experts." not in p for g in groups for p in g)
+    assert accelerate(model)["fused_groups"] == model.config.num_hidden_layers  # q/k/v only
+    assert shared_input_groups(torch.nn.Sequential(torch.nn.Linear(4, 4))) == []
+
+
+def test_incompatible_siblings_are_refused():
+    a = from_float(torch.randn(8, 256), "w4a16", group=128)
+    with pytest.raises(KernelError, match="cannot fuse"):
+        concat_params([a, from_float(torch.randn(8, 256), "w4a16", group=64)])
+    with pytest.raises(KernelError, match="cannot fuse"):
+        concat_params([a, from_float(torch.randn(8, 256), "w8a8")])
+    b = from_float(torch.randn(4, 256), "w4a16", group=128, bias=torch.randn(4))
+    c = concat_params([a, b])
+    assert c.out_features == 12 and torch.equal(c.bias[:8], torch.zeros(8)) and torch.equal(c.bias[8:], b.bias)

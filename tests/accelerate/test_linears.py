@@ -1,0 +1,83 @@
+"""KernelLinear built from a real QuantLinear computes what the QuantLinear computes."""
+
+import pytest
+import torch
+from torch import nn
+
+from lowbit.accelerate import KernelLinear, accelerate
+from lowbit.kernels import from_quant_linear
+from lowbit.nn.quant_linear import QuantLinear
+from lowbit.formats.scheme import ActArgs, WeightArgs
+from lowbit.formats.quantized_weight import rtn
+
+
+def _ql(kind: str, n_in=288, out=48, k=0, perm=False, bias=True):
+    torch.manual_seed(3)
+    w = torch.randn(out, n_in)
+    bits = 4 if kind in ("w4a16", "w4a4") else 8
+    g = 128 if bits == 4 else 0
+    act = {"w4a16": None, "w8a8": ActArgs(bits=8, group_size=0), "w4a4": ActArgs(bits=4, group_size=128, clip_ratio=0.9)}[kind]
+    qw = rtn(w, WeightArgs(bits=bits, group_size=g, symmetric=True), k, "int8")
+    return QuantLinear.from_quantized(qw, act, torch.randperm(n_in) if perm else None,
+                                      torch.randn(out) if bias else None, "int8")
+
+
+@pytest.mark.parametrize("kind,k,perm,rtol", [("w4a4", 32, True, 1e-4), ("w4a4", 0, False, 1e-4),
+                                             ("w8a8", 0, True, 1e-4), ("w4a16", 0, False, 2e-2)])
+def test_kernel_linear_matches_quant_linear(kind, k, perm, rtol):
+    ql = _ql(kind, k=k, perm=perm)
+    kl = KernelLinear.from_quant_linear(ql)
+    assert kl.prepared.kernel.startswith("cpu")
+    x = torch.randn(2, 5, 288)
+    y_ref, y = ql(x), kl(x)
+    assert y.shape == y_ref.shape
+    scale = float((x.reshape(-1, 288).abs() @ ql.dequantized_weight().abs().t()).max())
+    assert torch.allclose(y, y_ref, rtol=rtol, atol=rtol * scale)
+
+
+def test_params_dequantize_equals_module():
+    ql = _ql("w4a4", k=32)
+    assert torch.equal(from_quant_linear(ql).dequantize(), ql.dequantized_weight())
+
+
+def test_accelerate_swaps_supported_layers_only():
+    fp4 = QuantLinear.from_quantized(
+        rtn(torch.randn(16, 128), WeightArgs(bits=4, group_size=32, format="fp4"), 0, "int8"), None, None, None, "int8")
+    model = nn.Sequential(_ql("w4a4", k=32), nn.ReLU(), fp4)
+    counts = accelerate(model)
+    assert isinstance(model[0], KernelLinear) and isinstance(model[2], QuantLinear)
+    assert counts == {"w4a4:cpu:native": 1, "kept_reference": 1}
+
+
+def test_asymmetric_w4a16_layer():
+    torch.manual_seed(4)
+    w = torch.randn(40, 256) + 0.5
+    qw = rtn(w, WeightArgs(bits=4, group_size=64, symmetric=False), 0, "int8")
+    ql = QuantLinear.from_quantized(qw, None, None, None, "int8")
+    p = from_quant_linear(ql)
+    assert p.zero is not None and torch.allclose(p.dequantize(), ql.dequantized_weight(), atol=1e-6)
+    kl = KernelLinear.from_quant_linear(ql)
+    x = torch.randn(3, 256)
+    mag = x.abs() @ ql.dequantized_weight().abs().t()
+    assert torch.all((kl(x) - ql(x)).abs() <= 2.0 ** -7 * mag + 1e-6)
+
+
+@pytest.mark.parametrize("kind,mod", [("w4a16", "cpu.w4_gemv"), ("w8a16", "cpu.w8_gemv")])
+def test_native_weights_deep_copy_their_own_pointers(kind, mod):
+    """The native kernels cache raw pointers: a deep copy must point at its own tensors, so it
+    still computes after the original is gone."""
+    import copy
+    import importlib
+
+    from lowbit.kernels import from_float, prepare
+
+    m = importlib.import_module(f"lowbit.kernels.{mod}")
+    if not m.available():
+        pytest.skip("no C compiler for the native kernel")
+    st = prepare(from_float(torch.randn(8, 128), kind)).state
+    twin = copy.deepcopy(st)
+    assert twin.args[0] == twin.packed.data_ptr() != st.args[0]
+    x = torch.randn(2, 128)
+    expect = m.run(x, st)
+    del st
+    assert torch.equal(m.run(x, twin), expect)

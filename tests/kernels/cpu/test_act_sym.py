@@ -1,0 +1,110 @@
+"""Activation codes in C (csrc/act_sym.h) are the torch reference's bits (act_quant.quantize_tokens),
+and the W4A4 / W8A8 native paths built on them give what the torch codes gave."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lowbit.kernels.cpu import w4_gemv, w4a4, w8_gemv, w8a8, act_sym
+from lowbit.kernels import from_float
+from lowbit.kernels.token_codes import quantize_tokens
+from lowbit.kernels.linear_params import ActSpec
+
+pytestmark = pytest.mark.skipif(not (w4_gemv.available() and w8_gemv.available()),
+                                reason="no C compiler for the native kernels")
+
+
+def _torch_codes(x, act, k, group, kp):
+    a = quantize_tokens(x, act, k)
+    t, n = a.codes.shape
+    xq = torch.nn.functional.pad(a.codes.to(torch.int16), (0, kp - n))
+    return a, xq
+
+
+@given(t=st.integers(0, 5), n=st.integers(1, 300), k=st.integers(0, 40), group=st.sampled_from([0, 32, 64, 128]),
+       bits=st.sampled_from([3, 4, 8]), clip=st.sampled_from([1.0, 0.9, 0.85, 0.77]), bf16=st.booleans(),
+       scale=st.sampled_from([1e-30, 1e-3, 1.0, 50.0, 1e30]), seed=st.integers(0, 2 ** 16))
+def test_codes_equal_torch_bit_for_bit(t, n, k, group, bits, clip, bf16, scale, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, n + k, generator=g) * scale
+    if t and seed % 3 == 0:  # ties of magnitude with both signs, and whole zero groups
+        x[0, : min(4, n)] = torch.tensor([-2.0, 2.0, -2.0, 2.0][: min(4, n)]) * scale
+        x[-1, :] = 0.0
+    if bf16:
+        x = x.bfloat16()
+    act = ActSpec(bits, group, clip)
+    gsz = group or n
+    ng = -(-n // gsz)
+    kp = -(-n // 64) * 64
+    ref, xq = _torch_codes(x, act, k, gsz, kp)
+    c = act_sym.symmetric_codes(w4_gemv.library().w4_act_sym, x, k, gsz, ng, kp, bits, clip)
+    assert torch.equal(c.xq, xq)
+    assert torch.equal(c.scale, ref.scale)
+    assert torch.equal(c.outlier, ref.outlier.to(torch.int16))
+    assert torch.equal(c.outlier_scale, ref.outlier_scale if k else torch.ones(t))
+    sums = torch.nn.functional.pad(xq, (0, ng * gsz - kp)).reshape(t, ng, gsz).sum(-1, dtype=torch.int32) \
+        if ng * gsz >= kp else None
+    if sums is not None:
+        assert torch.equal(c.xsum, sums)
+
+
+def test_nan_or_inf_is_refused_like_torch():
+    lib = w4_gemv.library()
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        x = torch.randn(3, 128)
+        x[1, 5] = bad
+        with pytest.raises(ValueError, match="NaN or Inf"):
+            quantize_tokens(x, ActSpec(4, 64, 1.0))
+        with pytest.raises(ValueError, match="NaN or Inf"):
+            act_sym.symmetric_codes(lib.w4_act_sym, x, 0, 64, 2, 128, 4, 1.0)
+
+
+def test_bad_layout_is_an_error_not_a_write():
+    lib = w4_gemv.library()
+    with pytest.raises(ValueError, match="layout"):
+        act_sym.symmetric_codes(lib.w4_act_sym, torch.randn(2, 128), 0, 64, 1, 128, 4, 1.0)  # 1 group of 64 < 128
+    with pytest.raises(ValueError, match="layout"):
+        act_sym.symmetric_codes(lib.w4_act_sym, torch.randn(2, 128), 0, 64, 2, 64, 4, 1.0)  # padded width < n
+    with pytest.raises(ValueError, match="tokens, features"):
+        act_sym.symmetric_codes(lib.w4_act_sym, torch.randn(128), 0, 64, 2, 128, 4, 1.0)
+
+
+@pytest.mark.parametrize("t,out,n_in,k", [(1, 64, 256, 32), (5, 40, 576, 32), (3, 24, 320, 0), (17, 16, 128, 8)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_w4a4_native_equals_torch_codes_path(t, out, n_in, k, dtype):
+    """Both parts in C give torch's codes' products, bit for bit."""
+    torch.manual_seed(t + out)
+    p = from_float(torch.randn(out, n_in), "w4a4", group=64, n_outliers=k, act_clip=0.9, bias=torch.randn(out))
+    w = w4a4.prepare(p, "native")
+    x = (torch.randn(t, n_in) * 3).to(dtype)
+    a = quantize_tokens(x, w.act, k)
+    expect = w4_gemv.run_codes(a.codes, a.scale, w.normal)
+    if k:  # the exact INT8 product P, rescaled as float(P) * (w_scale * x_scale)
+        p_int = a.outlier.double() @ p.outlier.double().t()
+        expect += p_int.float() * (p.outlier_scale[None, :] * a.outlier_scale[:, None])
+    assert torch.equal(w4a4.run(x, w), expect + w.bias)
+
+
+@pytest.mark.parametrize("t,out,n_in", [(1, 64, 256), (6, 36, 200), (9, 16, 4096)])
+def test_w8a8_native_equals_float_method(t, out, n_in):
+    torch.manual_seed(t)
+    p = from_float(torch.randn(out, n_in), "w8a8", bias=torch.randn(out))
+    x = torch.randn(t, n_in) * 4
+    assert torch.equal(w8a8.run(x, w8a8.prepare(p, "native")), w8a8.run(x, w8a8.prepare(p, "float")))
+
+
+
+@pytest.mark.parametrize("t", [8, 17, 64])
+def test_w8a8_int_mm_for_batches_gives_the_native_bits(t, monkeypatch):
+    """Large calls on AMX CPUs run torch._int_mm on the native layout's bytes: the same bits as the
+    native GEMV and the float method (forced on here, whatever this CPU has)."""
+    torch.manual_seed(t)
+    p = from_float(torch.randn(36, 300), "w8a8", bias=torch.randn(36))
+    w = w8a8.prepare(p, "native")
+    x = torch.randn(t, 300) * 4
+    monkeypatch.setattr(w8a8, "int_mm_for_batches", lambda: False)
+    gemv = w8a8.run(x, w)
+    monkeypatch.setattr(w8a8, "int_mm_for_batches", lambda: True)
+    assert torch.equal(w8a8.run(x, w), gemv)
+    assert torch.equal(gemv, w8a8.run(x, w8a8.prepare(p, "float")))

@@ -1,0 +1,38 @@
+"""Run under TRITON_INTERPRET=1 (by test_triton_interpret.py): Triton kernels vs the references
+on small shapes; prints one JSON object of named results."""
+
+import json
+
+import torch
+
+from lowbit.kernels import ActSpec, from_float, quantize_tokens, reference
+from lowbit.kernels.triton.act_codes import quantize_tokens_triton
+from lowbit.kernels.triton.w4a4 import prepare, run
+
+
+def main() -> None:
+    res = {}
+    torch.manual_seed(0)
+    for name, (t, out, n_in, k, group) in {"k32": (5, 40, 288, 32, 128), "k0_m17": (17, 70, 256, 0, 128),
+                                           "g64_odd": (3, 24, 199, 8, 64)}.items():
+        x = torch.randn(t, n_in) * 2
+        x[0] = 0.0
+        perm = torch.randperm(n_in)
+        act = ActSpec(4, group, 0.9)
+        a, b = quantize_tokens(x[:, perm], act, k), quantize_tokens_triton(x, act, k, perm)
+        res[f"act_{name}"] = all(torch.equal(u, v) for u, v in ((a.codes, b.codes), (a.scale, b.scale),
+                                                                 (a.outlier, b.outlier), (a.outlier_scale, b.outlier_scale)))
+        p = from_float(torch.randn(out, n_in), "w4a4", group=group, n_outliers=k, act_clip=0.9, bias=torch.randn(out))
+        y = run(x, prepare(p))
+        y64, mag = reference.integer_reference(x, p)
+        ng = p.scale.shape[1]
+        res[f"gemm_{name}"] = bool(torch.all((y.double() - y64).abs() <= (ng + 3) * 2.0 ** -24 * mag + 1e-12))
+        res[f"gemm_{name}_maxrel"] = float(((y.double() - y64).abs() / mag.clamp_min(1e-30)).max())
+    x8 = torch.randn(4, 64)
+    a8, r8 = quantize_tokens_triton(x8, ActSpec(8, 0)), quantize_tokens(x8, ActSpec(8, 0))
+    res["act_int8_row"] = torch.equal(a8.codes, r8.codes) and torch.equal(a8.scale, r8.scale)
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()

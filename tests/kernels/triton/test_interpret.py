@@ -1,0 +1,37 @@
+"""Triton kernels checked on CPU under the Triton interpreter (a subprocess, because
+TRITON_INTERPRET must be set before the kernels are decorated)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+triton = pytest.importorskip("triton", reason="triton not installed: Triton kernels cannot be checked here")
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("checks.py"))], env=env,
+                          capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", ["k32", "k0_m17", "g64_odd"])
+def test_act_quant_with_reorder_equals_reference(results, case):
+    assert results[f"act_{case}"] is True
+
+
+@pytest.mark.parametrize("case", ["k32", "k0_m17", "g64_odd"])
+def test_w4a4_gemm_within_fp32_rescale_bound(results, case):
+    assert results[f"gemm_{case}"] is True, results[f"gemm_{case}_maxrel"]
+
+
+def test_int8_per_token_row_equals_reference(results):
+    assert results["act_int8_row"] is True

@@ -1,0 +1,155 @@
+"""ISA variants of every native library: all compile on any x86-64 machine; each one this CPU runs
+gives the portable build's bits; the selection follows the CPU and LOWBIT_ISA, and forcing a
+variant the CPU lacks is an error (never an illegal instruction)."""
+
+import pytest
+import torch
+
+from lowbit.comm.codecs import native as codecs_native
+from lowbit.native import cbuild, isa
+from lowbit.kernels.cpu import decode_ops, w4_gemv, w8_gemv
+from lowbit.kernels import from_float
+from lowbit.native.isa import ISAError
+
+SOURCES = {"w4": w4_gemv._LIB.src, "w8": w8_gemv._LIB.src, "decode_ops": decode_ops._LIB.src,
+           "codecs": codecs_native._SRC}
+X86 = pytest.mark.skipif(not isa.x86(), reason="ISA variants are x86-64 target flags")
+
+
+def _flags(v, extra=("-pthread",)):
+    return ("-O3", *v.flags, *extra)
+
+
+@X86
+@pytest.mark.parametrize("variant", isa.VARIANTS, ids=lambda v: v.name)
+@pytest.mark.parametrize("source", SOURCES, ids=str)
+def test_every_variant_compiles_here(source, variant, tmp_path):
+    """Compile-only (the instructions need not run here): a variant that stops compiling fails on any machine."""
+    import subprocess
+
+    cc = cbuild.compiler()
+    if cc is None:
+        pytest.skip("no C compiler")
+    r = subprocess.run([cc, *_flags(variant), "-Werror=implicit-function-declaration", "-shared", "-fPIC",
+                        str(SOURCES[source]), "-o", str(tmp_path / "x.so"), "-lm"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def _w4_outputs(lib):
+    torch.manual_seed(0)
+    p = from_float(torch.randn(72, 320), "w4a16", group=64)
+    w = w4_gemv.prepare(p)
+    x = torch.randn(5, 320) * 3
+    pa = from_float(torch.randn(72, 320), "w4a4", group=64, act_clip=0.9)
+    wa = w4_gemv.prepare(pa, kinds=("w4a4",))
+    y_a4, _ = w4_gemv.quantize_and_run(x, wa, 0, 4, 0.9, lib=lib)
+    return [w4_gemv.run(x, w, lib), w4_gemv.run(x.bfloat16(), w, lib), y_a4]
+
+
+def _w8_outputs(lib):
+    torch.manual_seed(1)
+    p = from_float(torch.randn(36, 300), "w8a16")
+    w = w8_gemv.prepare(p.codes, p.scale[:, 0])
+    x = torch.randn(6, 300) * 2
+    return [w8_gemv.run(x, w, lib), w8_gemv.quantize_and_run(x, w, 8, 1.0, lib=lib)]
+
+
+def _decode_outputs(lib):
+    """RMSNorm and rotary: the same bits in every build (the attention is within its float32 bound
+    instead, checked for each variant below)."""
+    torch.manual_seed(2)
+    x, w = torch.randn(3, 64), torch.randn(64)
+    xr, cos, sin = torch.randn(2, 3, 4, 16), torch.randn(2, 4, 16), torch.randn(2, 4, 16)
+    with torch.no_grad():
+        return [decode_ops.rms_norm(x, w, 1e-5, lib=lib), decode_ops.rms_norm(x.bfloat16(), w.bfloat16(), 1e-5, lib=lib),
+                decode_ops.rope(xr, cos, sin, lib=lib), decode_ops.rope(xr.bfloat16(), cos.bfloat16(), sin.bfloat16(), lib=lib)]
+
+
+def _codec_outputs(lib):
+    from lowbit.comm.codecs import get_codec
+    from lowbit.comm.codecs.fast import _kind
+
+    torch.manual_seed(3)
+    out = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = (torch.randn(3 * 2048 + 77) * 5).to(dtype)
+        rows = -(-x.numel() // 2048)
+        for name in ("int8", "int6", "int4", "int3", "fp4"):
+            c = get_codec(name)
+            rb, cb, k = c.wire_row_bytes(dtype), c.wire_code_bytes(dtype), _kind(c, dtype)
+            wire = codecs_native.encode_rows(x, k, c.bits, rows, rb, cb, lib=lib)
+            out += [wire, codecs_native.decode_rows(wire, k, c.bits, rb, cb, x.numel(), torch.float32, lib=lib)]
+    return out
+
+
+OUTPUTS = {"w4": (_w4_outputs, w4_gemv.library, w4_gemv.PORTABLE_FLAGS),
+           "w8": (_w8_outputs, w8_gemv.library, w8_gemv.PORTABLE_FLAGS),
+           "decode_ops": (_decode_outputs, decode_ops.library, ("-O3",)),
+           "codecs": (_codec_outputs, codecs_native.variant, codecs_native.PORTABLE_FLAGS)}
+
+
+@X86
+@pytest.mark.parametrize("variant", [v for v in isa.VARIANTS if v.needs], ids=lambda v: v.name)
+@pytest.mark.parametrize("source", OUTPUTS, ids=str)
+def test_each_runnable_variant_equals_portable(source, variant):
+    if not isa.runnable(variant):
+        pytest.skip(f"this CPU lacks {', '.join(isa.missing(variant))} for {variant.name}")
+    outputs, library, portable_flags = OUTPUTS[source]
+    lib, portable = library(_flags(variant)), library(portable_flags)
+    if lib is None or portable is None:
+        pytest.skip("no C compiler")
+    for got, want in zip(outputs(lib), outputs(portable)):
+        assert got is not None and want is not None
+        assert torch.equal(got, want), variant.name
+
+
+def test_selection_follows_features_and_override(monkeypatch):
+    none = {f: False for v in isa.VARIANTS for f in v.needs}
+    avx2 = none | {"avx2": True, "fma": True, "f16c": True}
+    vnni = avx2 | {"avx512f": True, "avx512bw": True, "avx512vl": True, "avx512_vnni": True}
+    monkeypatch.delenv("LOWBIT_ISA", raising=False)
+    if isa.x86():
+        assert isa.selected(none).name == "portable"
+        assert isa.selected(avx2).name == "avx2"
+        assert isa.selected(avx2 | {"avx_vnni": True}).name == "avxvnni"
+        assert isa.selected(vnni).name == "avx512vnni"
+        monkeypatch.setenv("LOWBIT_ISA", "avx2")
+        assert isa.selected(vnni).name == "avx2"
+        monkeypatch.setenv("LOWBIT_ISA", "avx512bf16")
+        with pytest.raises(ISAError, match="lacks avx512_bf16"):
+            isa.selected(vnni)
+    monkeypatch.setenv("LOWBIT_ISA", "sse9")
+    with pytest.raises(ISAError, match="not a variant"):
+        isa.selected(avx2)
+
+
+def test_flag_sets_fall_back_to_portable_and_name_their_variant(monkeypatch):
+    monkeypatch.delenv("LOWBIT_ISA", raising=False)
+    sets = isa.flag_sets(("-pthread",))
+    assert isa.variant_of(sets[0]) == isa.selected().name and isa.variant_of(sets[-1]) == "portable"
+    assert all(isa.runnable(isa.BY_NAME[isa.variant_of(f)]) for f in sets)
+
+
+@X86
+@pytest.mark.parametrize("variant", [v for v in isa.VARIANTS if v.needs], ids=lambda v: v.name)
+def test_each_runnable_variant_attention_within_bound(variant):
+    from tests.kernels.cpu.test_decode_ops import _attention_bound, _qkv
+
+    if not isa.runnable(variant):
+        pytest.skip(f"this CPU lacks {', '.join(isa.missing(variant))} for {variant.name}")
+    lib = decode_ops.library(_flags(variant))
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v = _qkv(2, 6, 3, 70, 64, dtype, seed=7)
+        with torch.no_grad():
+            out = decode_ops.attention_decode(q, k, v, 0.125, lib=lib)
+        ref, bound = _attention_bound(q, k, v, 0.125, dtype)
+        assert torch.all((out.double() - ref).abs() <= bound), (variant.name, dtype)
+
+
+def test_a_bad_override_is_one_cli_line(monkeypatch, capsys):
+    from lowbit.cli import main
+
+    monkeypatch.setenv("LOWBIT_ISA", "avx9")
+    assert main(["env"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lowbit: error: LOWBIT_ISA='avx9' is not a variant") and err.count("\n") == 1
