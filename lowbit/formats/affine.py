@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .absmax import nonzero_scale, store_scale, symmetric_scale
 from .checks import check_bits, check_float_input
 from .granularity import Granularity, PerTensor, from_blocks, to_blocks
 
@@ -59,15 +60,10 @@ class QParams:
 def _safe_scale(scale: torch.Tensor, scale_dtype: torch.dtype) -> torch.Tensor:
     """Cast to the storage dtype, never shrinking the magnitude (so the grid still covers the
     block's range); an all-zero block gets scale 1 so it decodes to exact zeros."""
-    stored = scale.to(scale_dtype)
-    shrunk = stored.float().abs() < scale.abs()
-    if bool(shrunk.any()):
-        away = torch.where(scale < 0, -torch.inf, torch.inf).to(scale_dtype)
-        stored = torch.where(shrunk, torch.nextafter(stored, away), stored)
-    scale = stored
+    scale = store_scale(scale, scale_dtype)
     if not bool(torch.isfinite(scale).all()):
         raise ValueError(f"a scale overflows {scale_dtype}; the input is too large for this scale dtype")
-    return torch.where(scale == 0, torch.ones_like(scale), scale)
+    return nonzero_scale(scale)
 
 
 def choose_qparams(
@@ -79,8 +75,10 @@ def choose_qparams(
     full_range: bool = True,
     clip_ratio: float = 1.0,
     scale_dtype: torch.dtype = torch.float32,
+    ties: str = "positive",
 ) -> QParams:
-    """Pick the scale (and zero point) of every block from the data."""
+    """Pick the scale (and zero point) of every block from the data. ``ties``: which of two
+    values of equal largest magnitude sets a full-range scale (see :mod:`lowbit.formats.absmax`)."""
     check_bits(bits)
     check_float_input(x)
     if not 0.0 < clip_ratio <= 1.0:
@@ -93,9 +91,7 @@ def choose_qparams(
         return QParams(empty, zp, bits, symmetric, full_range, granularity)
     if symmetric:
         if full_range:
-            hi, lo = blocks.amax(dim=1), blocks.amin(dim=1)
-            signed_max = torch.where(hi >= -lo, hi, lo)  # the value of largest magnitude, with its sign
-            scale = signed_max * clip_ratio / qmin
+            scale = symmetric_scale(blocks, bits, clip_ratio, ties)
         else:
             scale = blocks.abs().amax(dim=1) * clip_ratio / qmax
         return QParams(_safe_scale(scale, scale_dtype), None, bits, True, full_range, granularity)

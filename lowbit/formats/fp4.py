@@ -15,28 +15,37 @@ from .granularity import PerGroup, from_blocks, to_blocks
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 E2M1_MAX = 6.0
-_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+E2M1_MIDPOINTS = tuple((a + b) / 2 for a, b in zip(E2M1_VALUES, E2M1_VALUES[1:]))
+# a tie on midpoint i rounds up to index i + 1 where that index is even (i odd): 0.75, 1.75, 3.5
+E2M1_UP_ON_TIE = E2M1_MIDPOINTS[1::2]
+E2M1_SIGNED = E2M1_VALUES + tuple(-v for v in E2M1_VALUES)  # indexed by the 4-bit code
 E4M3_MAX = 448.0
 
 SCALE_KINDS = ("fp16", "e8m0", "e4m3")
+_TABLES: dict[tuple[str, torch.device], torch.Tensor] = {}
+_NAMED = {"midpoints": E2M1_MIDPOINTS, "signed": E2M1_SIGNED}
+
+
+def _table(name: str, device: torch.device) -> torch.Tensor:
+    """An E2M1 table as a float32 tensor on ``device``, made once (the codecs call this per step)."""
+    key = (name, device)
+    if key not in _TABLES:
+        _TABLES[key] = torch.tensor(_NAMED[name], dtype=torch.float32, device=device)
+    return _TABLES[key]
 
 
 def e2m1_encode(v: torch.Tensor) -> torch.Tensor:
     """Round already-scaled values to E2M1 codes (uint8 in 0..15); magnitudes above 6 saturate."""
     a = v.float().abs()
-    mids = torch.tensor(_MIDPOINTS, device=v.device)
-    idx = torch.bucketize(a, mids)  # a tie with midpoint i gives i: rounds down
-    # ...which is right when the lower neighbour's index i is even; else round the tie up
-    tie = (idx < len(_MIDPOINTS)) & (a == mids[idx.clamp(max=len(_MIDPOINTS) - 1)]) & (idx % 2 == 1)
-    idx = (idx + tie.long()).to(torch.uint8)
-    return ((v < 0).to(torch.uint8) << 3) | idx
+    idx = torch.bucketize(a, _table("midpoints", v.device))  # a tie with midpoint i gives i: down
+    for t in E2M1_UP_ON_TIE:  # ...right when index i is even; else the tie goes up
+        idx += a == t
+    return ((v < 0).to(torch.uint8) << 3) | idx.to(torch.uint8)
 
 
 def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
-    """E2M1 codes back to float32 values."""
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=codes.device)
-    mag = table[(codes & 7).long()]
-    return torch.where((codes & 8) != 0, -mag, mag)
+    """E2M1 codes back to float32 values (code 8 is -0.0)."""
+    return _table("signed", codes.device)[(codes & 15).long()]
 
 
 def _e8m0(x: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lowbit.formats.absmax import symmetric_scale
 from lowbit.formats.affine import _safe_scale  # the formats' own scale storage rule (shared on purpose)
 from lowbit.formats import PerToken, QParams, choose_qparams, dequantize, e2m1_decode, e2m1_encode, quantize
 
@@ -66,9 +67,7 @@ class Grid:
         (symmetric INT and FP4; asymmetric falls back to :meth:`fit`). Tested equal to it."""
         if self.fmt == "fp4" or not self.symmetric or blocks.shape[-1] == 0:
             return self.fit(blocks, clip)
-        idx = blocks.abs().argmax(dim=1, keepdim=True)
-        scale = blocks.gather(1, idx).squeeze(1) * clip / -(2 ** (self.bits - 1))
-        return _safe_scale(scale, self.scale_dtype).float(), None
+        return _safe_scale(symmetric_scale(blocks, self.bits, clip), self.scale_dtype).float(), None
 
     def qdq_fast(self, x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(codes, values) of a ``[rows, c]`` slice with per-row scales, without input checks.
@@ -109,7 +108,7 @@ class Grid:
 def to_groups(x: torch.Tensor, group: int) -> torch.Tensor:
     """``[rows, n]`` → ``[rows * n_groups, group]`` (a ragged tail padded with zeros)."""
     rows, n = x.shape
-    g = group or n
+    g = group or n or 1
     pad = (-n) % g
     if pad:
         x = torch.nn.functional.pad(x, (0, pad))
@@ -117,7 +116,27 @@ def to_groups(x: torch.Tensor, group: int) -> torch.Tensor:
 
 
 def from_groups(blocks: torch.Tensor, rows: int, n: int) -> torch.Tensor:
+    """Inverse of :func:`to_groups`: ``[rows * n_groups, group]`` → ``[rows, n]`` (tail dropped)."""
+    if rows == 0:
+        return blocks.new_empty(0, n)
     return blocks.reshape(rows, -1)[:, :n]
+
+
+def expand_groups(per_group: torch.Tensor, group: int, n: int) -> torch.Tensor:
+    """``[rows, n_groups]`` (one value per group) → ``[rows, n]``, each value over its group's columns."""
+    return per_group.repeat_interleave(group or n, dim=1)[:, :n]
+
+
+def dequantize_groups(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
+                      group: int) -> torch.Tensor:
+    """float32 ``(codes - zero) · scale`` of integer codes ``[rows, n]`` (signed, or unsigned with
+    ``zero``) with ``scale``/``zero`` ``[rows, n_groups]``: every integer dequantize of a group layout."""
+    rows, n = codes.shape
+    if n == 0:
+        return codes.new_zeros(rows, 0, dtype=torch.float32)
+    z = None if zero is None else zero.reshape(-1).to(torch.int32)
+    qp = QParams(scale.reshape(-1).float(), z, 8, zero is None, True, PerToken())
+    return from_groups(dequantize(to_groups(codes, group), qp, torch.float32), rows, n)
 
 
 def n_groups(n: int, group: int) -> int:

@@ -11,10 +11,16 @@ from dataclasses import dataclass
 
 import torch
 
+from lowbit.errors import LowbitError
 from lowbit.formats.grid import CLIP_SEARCH, Grid, from_groups, to_groups
+from lowbit.formats.packing import pack, unpack
 from lowbit.formats.scheme import WeightArgs
 
 INT8 = Grid(8, True, "int", torch.float16)
+
+
+class WeightViewError(LowbitError, ValueError):
+    """A quantized weight has no such view (e.g. signed codes of an asymmetric or FP4 grid)."""
 
 
 @dataclass
@@ -32,6 +38,40 @@ class QuantizedWeight:
     @property
     def n_outliers(self) -> int:
         return self.outlier.shape[1]
+
+    @property
+    def n_normal(self) -> int:
+        return self.codes.shape[1]
+
+    def signed_codes(self) -> torch.Tensor:
+        """int8 ``codes - offset`` of a symmetric INT grid: what integer kernels multiply."""
+        if self.grid.fmt != "int" or not self.grid.symmetric:
+            raise WeightViewError(f"signed codes need a symmetric INT grid, this one is "
+                                  f"{self.grid.fmt} symmetric={self.grid.symmetric}")
+        return (self.codes.to(torch.int16) - self.grid.offset).to(torch.int8)
+
+    def packed_codes(self) -> torch.Tensor:
+        """uint8 ``[out, packed_size(n_normal, bits)]``: the codes packed as ``formats.pack`` lays them."""
+        return pack(self.codes, self.grid.bits)
+
+    def int8_outliers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(int8 codes ``[out, k]``, float32 scales ``[out]``) of INT8 outlier columns; a weight
+        without outliers gives ``[out, 0]`` codes and unit scales."""
+        out = self.codes.shape[0]
+        if self.outlier.shape[1] and self.outlier_scale is None:
+            raise WeightViewError("this weight keeps its outlier columns in FP16, not INT8")
+        dev = self.codes.device
+        codes = self.outlier if self.outlier.shape[1] else torch.zeros(out, 0, dtype=torch.int8, device=dev)
+        scale = self.outlier_scale if self.outlier_scale is not None else torch.ones(out, device=dev)
+        return codes, scale.float()
+
+    @classmethod
+    def from_packed(cls, packed: torch.Tensor, n_normal: int, scale: torch.Tensor, zero: torch.Tensor | None,
+                    outlier: torch.Tensor, outlier_scale: torch.Tensor | None, grid: Grid,
+                    group: int) -> "QuantizedWeight":
+        """Inverse of :meth:`packed_codes` plus the stored (fp16 / uint8) scales and zeros."""
+        return cls(unpack(packed, grid.bits, n_normal), scale.float(), None if zero is None else zero.to(torch.int32),
+                   outlier, None if outlier_scale is None else outlier_scale.float(), grid, group)
 
     def dequantize(self) -> torch.Tensor:
         out, n = self.codes.shape

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from lowbit.errors import LowbitError
+from lowbit.formats.grid import dequantize_groups
+from lowbit.formats.quantized_weight import QuantizedWeight, dequantize_outliers, rtn
+from lowbit.formats.scheme import WeightArgs
 
 KINDS = ("w4a16", "w8a16", "w8a8", "w4a4")
 
@@ -66,18 +69,8 @@ class LinearParams:
 
     def dequantize(self) -> torch.Tensor:
         """``[out, in]`` float32 weight (normal channels, then outliers)."""
-        out, n = self.codes.shape
-        g = self.group or n
-        q = self.codes.to(torch.float32)
-        if self.zero is not None:
-            q = (q.reshape(out, -1) - _expand(self.zero.float(), g, n))
-        w = q * _expand(self.scale, g, n)
-        o = self.outlier.float() * self.outlier_scale[:, None]
-        return torch.cat([w, o], dim=1)
-
-
-def _expand(per_group: torch.Tensor, g: int, n: int) -> torch.Tensor:
-    return per_group.repeat_interleave(g, dim=1)[:, :n]
+        w = dequantize_groups(self.codes, self.scale, self.zero, self.group)
+        return torch.cat([w, dequantize_outliers(self.outlier, self.outlier_scale)], dim=1)
 
 
 def kind_of(w_bits: int, act: ActSpec | None) -> str:
@@ -106,25 +99,25 @@ def from_quant_linear(ql) -> LinearParams:
         if a.format != "int" or not a.symmetric:
             raise KernelError(f"kernels support symmetric INT activations only, got {a.format} symmetric={a.symmetric}")
         act = ActSpec(a.bits, a.group_size, a.clip_ratio)
-    qw = ql.quantized_weight()
+    return from_quantized_weight(ql.quantized_weight(), kind_of(lay.w_bits, act), act,
+                                 None if ql.bias is None else ql.bias.float())
+
+
+def from_quantized_weight(qw: QuantizedWeight, kind: str, act: ActSpec | None,
+                          bias: torch.Tensor | None = None) -> LinearParams:
+    """The kernels' tensors as views of ``qw``: signed codes (symmetric) or unsigned codes and
+    zeros (asymmetric), float32 group scales, the INT8 outlier block."""
     if qw.grid.symmetric:
-        codes = (qw.codes.to(torch.int16) - qw.grid.offset).to(torch.int8)
-        zero = None
+        codes, zero = qw.signed_codes(), None
     else:
         codes, zero = qw.codes, qw.zero.to(torch.int32)
-    k = qw.outlier.shape[1]
-    os_ = qw.outlier_scale if qw.outlier_scale is not None else torch.ones(codes.shape[0])
-    return LinearParams(kind_of(lay.w_bits, act), codes, qw.scale.float(), zero, lay.w_group,
-                        qw.outlier if k else torch.zeros(codes.shape[0], 0, dtype=torch.int8),
-                        os_.float(), act, None if ql.bias is None else ql.bias.float())
+    outlier, outlier_scale = qw.int8_outliers()
+    return LinearParams(kind, codes, qw.scale.float(), zero, qw.group, outlier, outlier_scale, act, bias)
 
 
 def from_float(weight: torch.Tensor, kind: str, *, group: int = 128, n_outliers: int = 0,
                act_clip: float = 1.0, bias: torch.Tensor | None = None) -> LinearParams:
     """RTN-quantize ``weight [out, in]`` (last ``n_outliers`` columns INT8) for ``kind``."""
-    from lowbit.formats.scheme import WeightArgs
-    from lowbit.formats.quantized_weight import rtn
-
     if kind not in KINDS:
         raise KernelError(f"unknown kernel kind {kind!r}; kinds: {', '.join(KINDS)}")
     bits = 4 if kind in ("w4a16", "w4a4") else 8
@@ -132,8 +125,5 @@ def from_float(weight: torch.Tensor, kind: str, *, group: int = 128, n_outliers:
     if kind != "w4a4" and n_outliers:
         raise KernelError(f"{kind} has no outlier channels")
     qw = rtn(weight.float(), WeightArgs(bits=bits, group_size=g, symmetric=True), n_outliers, "int8")
-    codes = (qw.codes.to(torch.int16) - qw.grid.offset).to(torch.int8)
     act = {"w4a16": None, "w8a16": None, "w8a8": ActSpec(8, 0), "w4a4": ActSpec(4, g, act_clip)}[kind]
-    os_ = qw.outlier_scale if qw.outlier_scale is not None else torch.ones(codes.shape[0])
-    return LinearParams(kind, codes, qw.scale.float(), None, g, qw.outlier, os_.float(), act,
-                        None if bias is None else bias.float())
+    return from_quantized_weight(qw, kind, act, None if bias is None else bias.float())

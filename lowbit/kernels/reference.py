@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import torch
 
+from lowbit.formats.grid import dequantize_groups, to_groups
+from lowbit.formats.quantized_weight import dequantize_outliers
 from lowbit.kernels.token_codes import IntActivation, quantize_tokens
 from lowbit.kernels.linear_params import LinearParams
 
 
 def dequantize_activation(a: IntActivation, group: int) -> torch.Tensor:
-    t, n = a.codes.shape
-    g = group or max(n, 1)
-    normal = a.codes.float() * a.scale.repeat_interleave(g, dim=1)[:, :n]
-    return torch.cat([normal, a.outlier.float() * a.outlier_scale[:, None]], dim=1)
+    normal = dequantize_groups(a.codes, a.scale, None, group)
+    return torch.cat([normal, dequantize_outliers(a.outlier, a.outlier_scale)], dim=1)
 
 
 def linear(x: torch.Tensor, p: LinearParams) -> torch.Tensor:
@@ -36,9 +36,8 @@ def integer_reference(x: torch.Tensor, p: LinearParams) -> tuple[torch.Tensor, t
     t, n = a.codes.shape
     g = p.act.group or n
     ng = p.scale.shape[1]
-    pad = ng * g - n
-    ac = torch.nn.functional.pad(a.codes.double(), (0, pad)).reshape(t, ng, g)
-    wc = torch.nn.functional.pad(p.codes.double(), (0, pad)).reshape(-1, ng, g)
+    ac = to_groups(a.codes.double(), g).reshape(t, ng, g)
+    wc = to_groups(p.codes.double(), g).reshape(-1, ng, g)
     prod = torch.einsum("tgj,ogj->tog", ac, wc)  # exact: integers well below 2^53
     terms = prod * a.scale.double()[:, None, :] * p.scale.double()[None, :, :]
     o = (a.outlier.double() @ p.outlier.double().t()) * a.outlier_scale.double()[:, None] * p.outlier_scale.double()[None, :]

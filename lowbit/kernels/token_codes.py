@@ -1,6 +1,7 @@
 """Dynamic per-token activation quantization for the integer kernels (plain torch, any device).
 
-Same arithmetic as :func:`lowbit.nn.quantized_activation.quantize_activation` for symmetric INT grids
+The formats' signed-absmax rule (:mod:`lowbit.formats.absmax`) and group view, the same
+arithmetic as :func:`lowbit.nn.quantized_activation.quantize_activation` for symmetric INT grids
 (scale = the group's signed absmax times ``clip`` over ``-2^(b-1)``, zero scales become 1,
 round half to even, clamp), but returns *signed* int8 codes and ``[tokens, groups]`` scales,
 which is what integer matmuls consume. Tested equal to the module's version.
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from lowbit.formats.absmax import nonzero_scale, symmetric_scale
+from lowbit.formats.grid import from_groups, n_groups, to_groups
 from lowbit.kernels.linear_params import ActSpec
 
 
@@ -27,9 +30,7 @@ def _symmetric(blocks: torch.Tensor, bits: int, clip: float) -> tuple[torch.Tens
     """``blocks [..., L]`` float32 → (int8 codes, float32 scale [...])."""
     if blocks.shape[-1] == 0:
         return blocks.to(torch.int8), blocks.new_ones(blocks.shape[:-1])
-    idx = blocks.abs().argmax(dim=-1, keepdim=True)
-    scale = blocks.gather(-1, idx).squeeze(-1) * clip / -(2 ** (bits - 1))
-    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    scale = nonzero_scale(symmetric_scale(blocks, bits, clip))
     q = torch.round(blocks / scale.unsqueeze(-1)).clamp_(-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
     return q.to(torch.int8), scale
 
@@ -47,13 +48,10 @@ def quantize_tokens(x: torch.Tensor, act: ActSpec, n_outliers: int = 0) -> IntAc
     n = n_in - n_outliers
     if n < 0:
         raise ValueError(f"{n_outliers} outlier channels but only {n_in} features")
-    g = act.group or n
-    ng = -(-n // g) if n else 0
-    pad = ng * g - n
-    xn = x[:, :n]
-    if pad:
-        xn = torch.nn.functional.pad(xn, (0, pad))
-    codes, scale = _symmetric(xn.reshape(t, ng, g), act.bits, act.clip)
-    codes = codes.reshape(t, ng * g)[:, :n]
+    if n:
+        codes, scale = _symmetric(to_groups(x[:, :n], act.group), act.bits, act.clip)
+        codes, scale = from_groups(codes, t, n), scale.reshape(t, n_groups(n, act.group))
+    else:
+        codes, scale = x.new_zeros(t, 0, dtype=torch.int8), x.new_zeros(t, 0)
     oc, os_ = _symmetric(x[:, n:], 8, 1.0)
     return IntActivation(codes, scale, oc, os_)

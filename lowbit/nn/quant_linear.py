@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from lowbit.formats import pack, packed_size, unpack
+from lowbit.formats import packed_size
 from lowbit.formats.grid import Grid, n_groups
 from lowbit.formats.scheme import ActArgs
 from lowbit.formats.quantized_weight import QuantizedWeight
@@ -98,7 +98,7 @@ class QuantLinear(nn.Module):
             has_bias=bias is not None, act=asdict(act) if act is not None and act.enabled else None,
         )
         m = cls(layout)
-        m.qweight.copy_(pack(qw.codes, qw.grid.bits))
+        m.qweight.copy_(qw.packed_codes())
         m.wscale.copy_(qw.scale.half())
         if m.wzero is not None:
             m.wzero.copy_(qw.zero.to(torch.uint8))
@@ -112,13 +112,9 @@ class QuantLinear(nn.Module):
         return m.to(qw.codes.device)
 
     def quantized_weight(self) -> QuantizedWeight:
-        n = self.layout.n_normal
-        codes = unpack(self.qweight, self.layout.w_bits, n)
-        return QuantizedWeight(
-            codes, self.wscale.float(), self.wzero.to(torch.int32) if self.wzero is not None else None,
-            self.outlier_weight, self.outlier_scale.float() if self.outlier_scale is not None else None,
-            self.grid, self.layout.w_group,
-        )
+        """The packed buffers as the one weight type every kernel and exporter reads."""
+        return QuantizedWeight.from_packed(self.qweight, self.layout.n_normal, self.wscale, self.wzero,
+                                           self.outlier_weight, self.outlier_scale, self.grid, self.layout.w_group)
 
     def dequantized_weight(self) -> torch.Tensor:
         """``[out, in]`` float32 in the reordered input order."""

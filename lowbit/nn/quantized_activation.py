@@ -9,7 +9,7 @@ import torch
 
 from lowbit.formats.grid import Grid, from_groups, to_groups
 from lowbit.formats.scheme import ActArgs
-from lowbit.formats.quantized_weight import INT8
+from lowbit.formats.quantized_weight import INT8, dequantize_outliers
 
 ACT_INT8 = Grid(8, True, "int", torch.float32)
 
@@ -28,11 +28,7 @@ class QuantizedActivation:
         t, n = self.codes.shape
         normal = from_groups(self.grid.decode(to_groups(self.codes, self.group or n), self.scale, self.zero), t, n) \
             if n else self.scale.new_zeros(t, 0)
-        if self.outlier_scale is None:
-            out = self.outlier.float()
-        else:
-            out = self.outlier.float() * self.outlier_scale[:, None]
-        return torch.cat([normal, out], dim=1)
+        return torch.cat([normal, dequantize_outliers(self.outlier, self.outlier_scale)], dim=1)
 
 
 def act_grid(args: ActArgs) -> Grid:

@@ -12,22 +12,12 @@ from __future__ import annotations
 
 import torch
 
+from lowbit.formats.absmax import store_scale, symmetric_scale
+from lowbit.formats.fp4 import e2m1_decode, e2m1_encode
+
 from . import extscale, native
 from .bitpack import pack_rows, unpack_rows
 from .spec import BLOCK, BLOCKS_PER_ROW, ROW, Codec, check_dtype, fp_wire_dtype, get_codec, n_rows
-
-_E2M1_MIDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
-_E2M1_UP_ON_TIE = (0.75, 1.75, 3.5)  # midpoints whose upper neighbour has the even index
-_E2M1_TABLE = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-_tables: dict[tuple[str, torch.device], torch.Tensor] = {}
-
-
-def _table(name: str, values: tuple[float, ...], device: torch.device) -> torch.Tensor:
-    key = (name, device)
-    if key not in _tables:
-        _tables[key] = torch.tensor(values, dtype=torch.float32, device=device)
-    return _tables[key]
-
 
 def as_rows(x: torch.Tensor) -> torch.Tensor:
     """Flat view of ``x`` as ``[rows, 2048]``, zero padded (a copy only when needed)."""
@@ -36,17 +26,6 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
     if pad:
         flat = torch.nn.functional.pad(flat, (0, pad))
     return flat.view(-1, ROW)
-
-
-def _e2m1_codes(v: torch.Tensor) -> torch.Tensor:
-    a = v.abs()
-    mids = _table("mids", _E2M1_MIDS, v.device)
-    idx = torch.bucketize(a, mids)  # counts midpoints strictly below: ties go down
-    for t in _E2M1_UP_ON_TIE:
-        idx += a == t
-    codes = idx.to(torch.uint8)
-    codes |= (v < 0).to(torch.uint8) << 3
-    return codes
 
 
 def encode_torch(x: torch.Tensor, codec: str | Codec, *, fp_wire: torch.dtype | None = None) -> torch.Tensor:
@@ -60,13 +39,8 @@ def encode_torch(x: torch.Tensor, codec: str | Codec, *, fp_wire: torch.dtype | 
         return rows.to(wire_dtype).contiguous().view(torch.uint8).view(r, c.wire_row_bytes(wire_dtype))
     blocks = rows.float().view(-1, BLOCK)
     if c.kind == "int":
-        idx = blocks.abs().argmax(dim=1, keepdim=True)
-        scale32 = blocks.gather(1, idx).squeeze(1) / c.qmin
-        scale16 = scale32.to(torch.float16)
-        # the formats' convention: the stored scale never shrinks (the grid covers the block)
-        shrunk = scale16.float().abs() < scale32.abs()
-        away = torch.full_like(scale16, float("inf")).copysign_(scale16)
-        scale16 = torch.where(shrunk, torch.nextafter(scale16, away), scale16)
+        scale32 = symmetric_scale(blocks, c.bits)  # the formats' rule: the first absmax wins a tie
+        scale16 = store_scale(scale32, torch.float16)  # never shrinks: the grid covers the block
     else:
         scale32 = blocks.abs().amax(dim=1) / 6.0
         scale16 = scale32.to(torch.float16)
@@ -85,7 +59,7 @@ def encode_torch(x: torch.Tensor, codec: str | Codec, *, fp_wire: torch.dtype | 
         codes = q.to(torch.uint8)
     else:
         g = extscale.fp4_cap(cap)
-        codes = _e2m1_codes(scaled.clamp_(-g, g)).masked_fill_(bad.unsqueeze(1), 0)
+        codes = e2m1_encode(scaled.clamp_(-g, g)).masked_fill_(bad.unsqueeze(1), 0)
     out = torch.empty(r, c.row_bytes, dtype=torch.uint8, device=x.device)
     pack_rows(codes.view(r, ROW), c.bits, out[:, : c.code_bytes])
     out[:, c.code_bytes :].copy_(scale16.view(r, BLOCKS_PER_ROW).view(torch.uint8))
@@ -114,7 +88,7 @@ def decode_torch(
     if c.kind == "int":
         vals = codes.float().sub_(c.bias).mul_(scale)
     else:
-        vals = _table("e2m1", _E2M1_TABLE, wire.device)[codes.long()].mul_(scale)
+        vals = e2m1_decode(codes).mul_(scale)
     vals = vals.view(-1)
     if n < r * ROW:
         vals = vals[:n]

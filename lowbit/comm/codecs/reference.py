@@ -1,6 +1,7 @@
 """Reference encoder/decoder: plain code built on ``lowbit.formats``, the yardstick for the fast one.
 
 Per 32-value block, by ``lowbit.formats``: integer codecs take scale = signed_absmax / -2^(b-1)
+(of two equal magnitudes the first)
 stored as fp16 rounded away from zero (an all-zero block gets scale 1), codes =
 clamp(round_half_even(x / scale)) + 2^(b-1); FP4 takes scale = fp16(absmax / 6) and E2M1 codes.
 A finite block whose scale does not fit fp16 gets an *extended* scale (``extscale.py``), written
@@ -15,7 +16,7 @@ import math
 import torch
 
 from lowbit.formats import (
-    PerGroup, QParams, choose_qparams, dequantize, e2m1_decode, fp4_quantize, pack, quantize, unpack,
+    E2M1_VALUES, PerGroup, QParams, choose_qparams, dequantize, e2m1_decode, fp4_quantize, pack, quantize, unpack,
 )
 
 from . import extscale
@@ -34,7 +35,8 @@ def _encode_block(b: torch.Tensor, c: Codec) -> tuple[torch.Tensor, torch.Tensor
     Raises ValueError when the scale does not fit in fp16 (the formats refuse it).
     """
     if c.kind == "int":
-        qp = choose_qparams(b, c.bits, granularity=PerGroup(BLOCK), scale_dtype=torch.float16)
+        # ties="first": of +a and -a the first sets the scale, as the fast and C codecs do
+        qp = choose_qparams(b, c.bits, granularity=PerGroup(BLOCK), scale_dtype=torch.float16, ties="first")
         codes = (quantize(b, qp).to(torch.int16) + c.bias).to(torch.uint8)
         return codes, qp.scale.reshape(())
     q = fp4_quantize(b, "fp16", BLOCK)
@@ -43,9 +45,7 @@ def _encode_block(b: torch.Tensor, c: Codec) -> tuple[torch.Tensor, torch.Tensor
 
 def _e2m1_index(a: float) -> int:
     """E2M1 magnitude code of |v| = a: the nearest grid value, ties to the even code."""
-    grid = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-    best = min(range(8), key=lambda i: (abs(grid[i] - a), i % 2))
-    return best
+    return min(range(8), key=lambda i: (abs(E2M1_VALUES[i] - a), i % 2))
 
 
 def _encode_block_ext(b: torch.Tensor, c: Codec) -> tuple[torch.Tensor, torch.Tensor]:
