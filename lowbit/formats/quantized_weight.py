@@ -39,10 +39,6 @@ class QuantizedWeight:
     def n_outliers(self) -> int:
         return self.outlier.shape[1]
 
-    @property
-    def n_normal(self) -> int:
-        return self.codes.shape[1]
-
     def signed_codes(self) -> torch.Tensor:
         """int8 ``codes - offset`` of a symmetric INT grid: what integer kernels multiply."""
         if self.grid.fmt != "int" or not self.grid.symmetric:

@@ -11,12 +11,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from lowbit.errors import LowbitError
+
 FORMATS = ("int", "fp4")
 OUTLIER_PRECISIONS = ("int8", "fp16")
 OUTLIER_METRICS = ("sqsum",)
 
 
-class SchemeError(ValueError):
+class SchemeError(LowbitError, ValueError):
     """A scheme (or its JSON) is invalid; the message names the field."""
 
 
@@ -35,8 +37,29 @@ def _check_clip(where: str, c: float) -> None:
         raise SchemeError(f"{where}.clip_ratio must be in (0, 1], got {c!r}")
 
 
+def _check_numbers(where: str, bits: int, group: int, clip: float, fmt: str) -> None:
+    """The fields weights and activations share: bits, group size, clip ratio, number format."""
+    _check_bits(where, bits, (2, 3, 4, 5, 6, 8, 16))
+    _check_group(where, group)
+    _check_clip(where, clip)
+    if fmt not in FORMATS:
+        raise SchemeError(f"{where}.format must be one of {FORMATS}, got {fmt!r}")
+    if fmt == "fp4" and bits != 4:
+        raise SchemeError(f"{where}.format 'fp4' needs bits=4")
+
+
+class _Bits:
+    """``enabled``: 16 bits means "leave float"."""
+
+    bits: int
+
+    @property
+    def enabled(self) -> bool:
+        return self.bits < 16
+
+
 @dataclass(frozen=True)
-class WeightArgs:
+class WeightArgs(_Bits):
     """Weights: ``bits`` 16 means "leave float". group_size 0 = one scale per output row."""
 
     bits: int = 16
@@ -50,13 +73,7 @@ class WeightArgs:
     clip_weighted: bool = False  # weight each column's squared error by its input energy (diag XᵀX)
 
     def __post_init__(self):
-        _check_bits("weights", self.bits, (2, 3, 4, 5, 6, 8, 16))
-        _check_group("weights", self.group_size)
-        _check_clip("weights", self.clip_ratio)
-        if self.format not in FORMATS:
-            raise SchemeError(f"weights.format must be one of {FORMATS}, got {self.format!r}")
-        if self.format == "fp4" and self.bits != 4:
-            raise SchemeError("weights.format 'fp4' needs bits=4")
+        _check_numbers("weights", self.bits, self.group_size, self.clip_ratio, self.format)
         _check_clip("weights.clip_min", self.clip_min)
         if isinstance(self.clip_steps, bool) or not isinstance(self.clip_steps, int) or self.clip_steps < 1:
             raise SchemeError(f"weights.clip_steps must be an integer >= 1, got {self.clip_steps!r}")
@@ -71,13 +88,9 @@ class WeightArgs:
         step = (1.0 - self.clip_min) / (self.clip_steps - 1)
         return tuple(round(1.0 - i * step, 6) for i in range(self.clip_steps))
 
-    @property
-    def enabled(self) -> bool:
-        return self.bits < 16
-
 
 @dataclass(frozen=True)
-class ActArgs:
+class ActArgs(_Bits):
     """Activations, quantized dynamically per token (scales from each token's own values)."""
 
     bits: int = 16
@@ -88,19 +101,9 @@ class ActArgs:
     dynamic: bool = True
 
     def __post_init__(self):
-        _check_bits("activations", self.bits, (2, 3, 4, 5, 6, 8, 16))
-        _check_group("activations", self.group_size)
-        _check_clip("activations", self.clip_ratio)
-        if self.format not in FORMATS:
-            raise SchemeError(f"activations.format must be one of {FORMATS}, got {self.format!r}")
-        if self.format == "fp4" and self.bits != 4:
-            raise SchemeError("activations.format 'fp4' needs bits=4")
+        _check_numbers("activations", self.bits, self.group_size, self.clip_ratio, self.format)
         if not self.dynamic:
             raise SchemeError("activations.dynamic=False (static scales) is not implemented; use dynamic per-token")
-
-    @property
-    def enabled(self) -> bool:
-        return self.bits < 16
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ class OutlierArgs:
 
 
 @dataclass(frozen=True)
-class KVArgs:
+class KVArgs(_Bits):
     """KV cache: one scale (and zero point) per token per head; any head_dim."""
 
     bits: int = 16
@@ -135,10 +138,6 @@ class KVArgs:
 
     def __post_init__(self):
         _check_bits("kv_cache", self.bits, (2, 3, 4, 8, 16))
-
-    @property
-    def enabled(self) -> bool:
-        return self.bits < 16
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ def test_packed_codes_round_trip_through_from_packed():
     qw = rtn(_w(n_in=70), WeightArgs(bits=4, group_size=32, symmetric=False), 6, "int8")
     packed = qw.packed_codes()
     assert torch.equal(packed, pack(qw.codes, 4))
-    back = QuantizedWeight.from_packed(packed, qw.n_normal, qw.scale.half(), qw.zero.to(torch.uint8), qw.outlier,
+    back = QuantizedWeight.from_packed(packed, qw.codes.shape[1], qw.scale.half(), qw.zero.to(torch.uint8), qw.outlier,
                                        qw.outlier_scale.half(), qw.grid, qw.group)
     assert torch.equal(back.codes, qw.codes) and torch.equal(back.zero, qw.zero)
     assert back.zero.dtype == torch.int32 and back.scale.dtype == torch.float32

@@ -9,11 +9,10 @@ tests compare with.
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
 import torch
 
-from lowbit.native import cbuild
+from lowbit.kernels.cpu.kernel_library import KernelLibrary
 
 _F32, _BF16 = torch.float32, torch.bfloat16
 MAX_HEAD_DIM = 256
@@ -30,7 +29,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.rope.restype = None
 
 
-_LIB = cbuild.NativeLibrary(Path(__file__).parents[1] / "csrc" / "decode_ops.c", cbuild.kernel_flag_sets, _bind)
+_LIB = KernelLibrary("decode ops", "decode_ops.c", _bind)
 
 
 def _needs_grad(*ts: torch.Tensor) -> bool:

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from lowbit.kernels.cpu import w4_gemv
+from lowbit.kernels.cpu.method_choice import has_aten_op, pick_method
 from lowbit.kernels.linear_params import KernelError, LinearParams
 
 GROUPS = (32, 64, 128, 256)
@@ -39,12 +40,8 @@ class W4A16Prepared:
     method: str = "int4pack"
 
 
-def _int4pack_available() -> bool:
-    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
-
-
 def available() -> bool:
-    return _int4pack_available() or w4_gemv.available()
+    return has_aten_op("_weight_int4pack_mm_for_cpu") or w4_gemv.available()
 
 
 def default_method(p: LinearParams) -> str:
@@ -53,12 +50,10 @@ def default_method(p: LinearParams) -> str:
 
 def prepare(p: LinearParams, method: str | None = None):
     """The layout of ``method`` (None: :func:`default_method`)."""
-    method = method or default_method(p)
-    if method not in METHODS:
-        raise KernelError(f"cpu w4a16 method must be one of {METHODS}, got {method!r}")
+    method = pick_method(method or default_method(p), METHODS, "w4a16")
     if method == "native":
         return w4_gemv.prepare(p)
-    if not _int4pack_available():
+    if not has_aten_op("_weight_int4pack_mm_for_cpu"):
         raise KernelError("this torch build has no _weight_int4pack_mm_for_cpu")
     return _prepare_int4pack(p)
 

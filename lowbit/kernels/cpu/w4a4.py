@@ -31,9 +31,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
+from lowbit.formats.grid import to_groups
 from lowbit.kernels.cpu import w4_gemv, w8_gemv
+from lowbit.kernels.cpu.method_choice import pick_method
 from lowbit.kernels.token_codes import IntActivation, quantize_tokens
 from lowbit.kernels.linear_params import ActSpec, KernelError, LinearParams
 
@@ -76,9 +77,7 @@ def default_method(p: LinearParams) -> str:
 
 def prepare(p: LinearParams, method: str | None = None):
     """The layout of ``method`` (None: :func:`default_method`)."""
-    method = method or default_method(p)
-    if method not in METHODS:
-        raise KernelError(f"cpu w4a4 method must be one of {METHODS}, got {method!r}")
+    method = pick_method(method or default_method(p), METHODS, "w4a4")
     if p.kind != "w4a4" or p.act is None:
         raise KernelError(f"cpu w4a4 kernel got kind {p.kind}")
     if p.zero is not None:
@@ -96,7 +95,7 @@ def prepare(p: LinearParams, method: str | None = None):
                                   p.bias, outlier_native=o8)
     out, n = p.codes.shape
     ng = p.scale.shape[1]
-    w = F.pad(p.codes, (0, ng * g - n)).reshape(out, ng, g)
+    w = to_groups(p.codes, g).reshape(out, ng, g)
     if method == "int_mm":
         w, o = w.transpose(0, 1).contiguous(), p.outlier.contiguous()
     else:
@@ -108,10 +107,7 @@ def _group_codes(a: IntActivation, w: W4A4Prepared) -> torch.Tensor:
     """Activation codes as ``[n_groups, tokens, g]`` (ragged tail zero-padded)."""
     t = a.codes.shape[0]
     ng, g = w.scale_t.shape[0], w.group
-    codes = a.codes
-    if ng * g != w.n_normal:
-        codes = F.pad(codes, (0, ng * g - w.n_normal))
-    return codes.reshape(t, ng, g).transpose(0, 1)
+    return to_groups(a.codes, g).reshape(t, ng, g).transpose(0, 1)
 
 
 def _outliers_float(a: IntActivation, w) -> torch.Tensor:

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from lowbit.kernels.cpu import a16_linear, act_sym
-from lowbit.native import cbuild
+from lowbit.kernels.cpu.kernel_library import KernelLibrary
 from lowbit.kernels.linear_params import KernelError
 
 CHUNK = 32  # input channels per 32-byte chunk of codes
@@ -34,23 +33,11 @@ def _bind(lib: ctypes.CDLL) -> None:
     act_sym.bind(lib.w8_act_sym)
 
 
-_LIB = cbuild.NativeLibrary(Path(__file__).parents[1] / "csrc" / "w8_gemv.c", cbuild.kernel_flag_sets, _bind)
+_LIB = KernelLibrary("w8", "w8_gemv.c", _bind)
 
 
-def library(flags: tuple[str, ...] | None = None) -> ctypes.CDLL | None:
-    return _LIB.get(flags)
-
-
-def available() -> bool:
-    return library() is not None
-
-
-def _built(lib: ctypes.CDLL | None) -> ctypes.CDLL:
-    """``lib``, else the best build; a KernelError where none could be built."""
-    lib = lib or library()
-    if lib is None:
-        raise KernelError("w8 native kernel: no C compiler could build it")
-    return lib
+# library(flags=None): the best build, or one with ``flags`` (e.g. PORTABLE_FLAGS); None if none builds
+library, available, _built = _LIB.get, _LIB.available, _LIB.built
 
 
 @dataclass

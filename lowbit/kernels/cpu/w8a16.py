@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from lowbit.kernels.cpu import w8_gemv
+from lowbit.kernels.cpu.method_choice import has_aten_op, pick_method
 from lowbit.kernels.linear_params import KernelError, LinearParams
 
 METHODS = ("native", "int8pack")
@@ -39,12 +40,8 @@ class W8A16Prepared:
     method: str = "int8pack"
 
 
-def _int8pack_available() -> bool:
-    return hasattr(torch.ops.aten, "_weight_int8pack_mm")
-
-
 def available() -> bool:
-    return _int8pack_available() or w8_gemv.available()
+    return has_aten_op("_weight_int8pack_mm") or w8_gemv.available()
 
 
 def _check(p: LinearParams) -> None:
@@ -56,15 +53,13 @@ def _check(p: LinearParams) -> None:
 
 def prepare(p: LinearParams, method: str | None = None):
     """The layout of ``method`` (None: ``native`` where it builds, else ``int8pack``)."""
-    method = method or ("native" if w8_gemv.available() else "int8pack")
-    if method not in METHODS:
-        raise KernelError(f"cpu w8a16 method must be one of {METHODS}, got {method!r}")
+    method = pick_method(method or ("native" if w8_gemv.available() else "int8pack"), METHODS, "w8a16")
     _check(p)
     if method == "native":
         st = w8_gemv.prepare(p.codes, p.scale[:, 0])
         st.bias = p.bias
         return st
-    if not _int8pack_available():
+    if not has_aten_op("_weight_int8pack_mm"):
         raise KernelError("this torch build has no _weight_int8pack_mm")
     n = p.codes.shape[1]
     codes = F.pad(p.codes, (0, -n % INT8PACK_K)).contiguous()

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lowbit.kernels.cpu.method_choice import pick_method
 from lowbit.kernels.cpu import w8_gemv
 from lowbit.kernels.token_codes import quantize_tokens
 from lowbit.native.cpu_features import cpu_info
@@ -65,9 +66,7 @@ def available() -> bool:
 
 def prepare(p: LinearParams, method: str | None = None):
     """The layout of ``method`` (None: ``native`` where it builds, else ``float``)."""
-    method = method or ("native" if w8_gemv.available() else "float")
-    if method not in METHODS:
-        raise KernelError(f"cpu w8a8 method must be one of {METHODS}, got {method!r}")
+    method = pick_method(method or ("native" if w8_gemv.available() else "float"), METHODS, "w8a8")
     if p.kind != "w8a8" or p.act is None or p.act.group != 0:
         raise KernelError("cpu w8a8 kernel needs per-token INT8 activations (group 0)")
     if p.n_outliers or p.zero is not None or p.scale.shape[1] != 1:
