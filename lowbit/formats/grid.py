@@ -29,6 +29,10 @@ class Grid:
         """Added to signed codes so they are stored unsigned."""
         return 2 ** (self.bits - 1) if (self.fmt == "int" and self.symmetric) else 0
 
+    def signed(self, codes: torch.Tensor) -> torch.Tensor:
+        """int8 ``codes - offset``: a symmetric INT grid's stored codes as the signed integers they mean."""
+        return (codes.to(torch.int16) - self.offset).to(torch.int8)
+
     def _qparams(self, scale: torch.Tensor, zero: torch.Tensor | None) -> QParams:
         return QParams(scale, zero, self.bits, self.symmetric, True, PerToken())
 

@@ -44,7 +44,7 @@ class QuantizedWeight:
         if self.grid.fmt != "int" or not self.grid.symmetric:
             raise WeightViewError(f"signed codes need a symmetric INT grid, this one is "
                                   f"{self.grid.fmt} symmetric={self.grid.symmetric}")
-        return (self.codes.to(torch.int16) - self.grid.offset).to(torch.int8)
+        return self.grid.signed(self.codes)
 
     def packed_codes(self) -> torch.Tensor:
         """uint8 ``[out, packed_size(n_normal, bits)]``: the codes packed as ``formats.pack`` lays them."""
@@ -122,7 +122,7 @@ def quantize_outliers(cols: torch.Tensor, precision: str):
         return cols.half(), None
     s, _ = INT8.fit(cols)
     codes = INT8.encode(cols, s, None)
-    return (codes.to(torch.int16) - 128).to(torch.int8), s
+    return INT8.signed(codes), s
 
 
 def rtn(w: torch.Tensor, args: WeightArgs, n_outliers: int = 0, outlier_precision: str = "int8") -> QuantizedWeight:

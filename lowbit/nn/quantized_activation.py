@@ -54,7 +54,7 @@ def quantize_activation(x: torch.Tensor, args: ActArgs, n_outliers: int = 0,
         oc, os_ = cols.half(), None
     else:
         os_, _ = ACT_INT8.fit_fast(cols)
-        oc = (ACT_INT8.qdq_fast(cols, os_, None)[0].to(torch.int16) - 128).to(torch.int8)
+        oc = ACT_INT8.signed(ACT_INT8.qdq_fast(cols, os_, None)[0])
     return QuantizedActivation(codes, s, z, oc, os_, grid, args.group_size)
 
 

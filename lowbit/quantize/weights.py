@@ -91,7 +91,7 @@ def gptq(w: torch.Tensor, h: torch.Tensor, args: WeightArgs, gargs: GPTQArgs, n_
                 if outlier_precision == "int8":
                     c, q = INT8.qdq_fast(x[:, None], o_scale, None)
                     q = q[:, 0]
-                    ocodes.append((c[:, 0].to(torch.int16) - 128).to(torch.int8))
+                    ocodes.append(INT8.signed(c[:, 0]))
                 else:
                     q = x.half().float()
                     ocodes.append(x.half())

@@ -42,3 +42,13 @@ def test_dequantize_groups_equals_the_old_formula(n, group):
 
 def test_dequantize_groups_of_no_columns():
     assert dequantize_groups(torch.zeros(3, 0, dtype=torch.int8), torch.zeros(3, 0), None, 0).shape == (3, 0)
+
+
+def test_grid_signed_codes_equal_the_old_offset_formula():
+    from lowbit.formats.grid import Grid
+
+    for bits in (3, 4, 8):
+        grid = Grid(bits, True, "int")
+        codes = torch.arange(2 ** bits).to(torch.uint8)
+        assert torch.equal(grid.signed(codes), (codes.to(torch.int16) - 2 ** (bits - 1)).to(torch.int8))
+        assert grid.signed(codes).tolist() == list(range(-(2 ** (bits - 1)), 2 ** (bits - 1)))
