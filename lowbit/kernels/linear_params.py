@@ -1,9 +1,10 @@
 """Kernel-agnostic plain tensors of one quantized linear, and how to get them.
 
 Kernels never see modules: they take a :class:`LinearParams` (signed integer weight codes,
-float32 group scales, INT8 outlier columns, the activation recipe). ``from_quant_linear``
-reads a :class:`lowbit.nn.QuantLinear`; ``from_float`` quantizes a float weight by RTN (for
-benchmarks and tests), so both give the same tensors the reference path computes with.
+float32 group scales, INT8 outlier columns, the activation recipe), all views of one
+:class:`lowbit.formats.quantized_weight.QuantizedWeight` (``from_quantized_weight``).
+``from_quant_linear`` reads a :class:`lowbit.nn.QuantLinear`'s; ``from_float`` quantizes a float
+weight by RTN (for benchmarks and tests), so both give the same tensors the reference path computes with.
 """
 
 from __future__ import annotations
