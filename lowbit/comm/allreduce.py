@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .codecs import CODECS, ROW, Codec, decode, encode, fp_wire_dtype, get_codec, n_rows, reduce_encode
+from .codecs import CODECS, ROW, Codec, fp_wire_dtype, get_codec, n_rows
+from .codecs.device import decode, encode, reduce_encode  # Triton on CUDA for INT8/INT4, else fast.py
 from .errors import AllReduceError
 from .metadata import DTYPE_CODES, CheckedJobs
 from .oneshot import one_shot

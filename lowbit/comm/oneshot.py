@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .codecs import Codec, decode, decode_add, encode, fp_wire_dtype, n_rows
+from .codecs import Codec, fp_wire_dtype, n_rows
+from .codecs.device import decode, decode_add, encode  # Triton on CUDA for INT8/INT4, else fast.py
 from .codecs.fast import saturate_f16
 from .errors import AllReduceError
 
