@@ -1,5 +1,8 @@
 """QuickAllReduce: the two-shot quantized all-reduce (QuickReduce's design) on any torch.distributed backend.
 
+Small quantized messages take the one-shot path instead (``oneshot.py``: one all-gather) and
+messages outside the quantize window plain ``dist.all_reduce``; ``policy.py`` decides per message.
+
 Phase 1 (reduce-scatter): the flat tensor is cut into W segments of whole 2048-value rows; each
 rank encodes all W segments and an all-to-all delivers to rank r every rank's encoding of
 segment r. Rank r decodes the W contributions and adds them in fp32, in rank order.
@@ -225,7 +228,10 @@ class QuickAllReduce:
     ``oneshot.py``), the others two-shot (env LOWBIT_QR_TWOSHOT_MIN_BYTES; see ``policy.py``).
     ``check_metadata``: exchange (numel, dtype, codec, path) the first time a job (shape, dtype)
     is seen, so that mismatched calls raise MetadataMismatchError on every rank instead of hanging
-    or summing garbage; later calls of a checked job skip it (``metadata.CheckedJobs``).
+    or summing garbage; later calls of a checked job skip it (``metadata.CheckedJobs``), so a rank
+    that changes its message size between calls meets peers that skip the check: gloo then aborts
+    that collective (an AllReduceError or a crashed rank, not MetadataMismatchError);
+    ``check_metadata="always"`` checks every call (one more collective each) for such callers.
     ``keep_buffers``: reuse the scratch buffers of the last message size (no page faults per call).
     ``chunk_bytes``: large messages run as several two-shot rounds of about this size (0: one
     round), which keeps scratch memory bounded and each collective's message moderate; the result
@@ -242,7 +248,7 @@ class QuickAllReduce:
         *,
         min_bytes: int | None = None,
         max_bytes: int | None = None,
-        check_metadata: bool = True,
+        check_metadata: bool | str = True,
         table: dict | None = None,
         keep_buffers: bool = True,
         chunk_bytes: int = 2 << 20,
@@ -255,6 +261,8 @@ class QuickAllReduce:
         self.codec: Codec = get_codec(os.environ.get(ENV_CODEC) or codec)
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
+        if check_metadata not in (True, False, "always"):
+            raise ValueError(f"check_metadata must be True, False or 'always', got {check_metadata!r}")
         self.check_metadata = check_metadata
         self.chunk_bytes = int(os.environ.get("LOWBIT_QR_CHUNK_BYTES", chunk_bytes))
         self.pipeline_depth = int(os.environ.get("LOWBIT_QR_PIPELINE_DEPTH", pipeline_depth))
@@ -291,7 +299,8 @@ class QuickAllReduce:
             raise TypeError(f"all_reduce takes a torch.Tensor, got {type(tensor).__name__}")
         path = self.path(tensor)
         if self.check_metadata:
-            self.checked.check(tensor, _CODEC_NAMES.index(self.codec.name), PATHS.index(path))
+            self.checked.check(tensor, _CODEC_NAMES.index(self.codec.name), PATHS.index(path),
+                               cached=self.check_metadata != "always")
         if path == "plain":
             self.last_path = "plain"
             _collective("plain all_reduce", dist.all_reduce, tensor, group=self.group)

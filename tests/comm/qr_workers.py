@@ -266,3 +266,31 @@ def oneshot_edges(rank: int, world: int) -> dict:
     dist.all_reduce(ref)
     q.all_reduce(h)
     return {"nonfinite": x, "f16": h, "f16_ref": ref, "shot": q.last_shot}
+
+
+def always_checked(rank: int, world: int) -> dict:
+    """check_metadata="always": a rank that changes its size after a checked call still gets
+    MetadataMismatchError on every rank; the default caches the check (one exchange per job)."""
+    from lowbit.comm.allreduce import QuickAllReduce
+
+    q = QuickAllReduce(codec="int4", min_bytes=0, table={}, check_metadata="always")
+    q.all_reduce(torch.ones(4096))
+    try:
+        q.all_reduce(torch.ones(4096 + rank))
+        err = "no error"
+    except Exception as e:
+        err = f"{type(e).__name__}: {e}"
+    cached = QuickAllReduce(codec="int4", min_bytes=0, table={})
+    for _ in range(3):
+        cached.all_reduce(torch.ones(4096))
+    return {"err": err, "always_checks": q.checked.checks, "cached_checks": cached.checked.checks}
+
+
+def bad_check_setting(rank: int, world: int) -> str:
+    from lowbit.comm.allreduce import QuickAllReduce
+
+    try:
+        QuickAllReduce(codec="int4", check_metadata="sometimes")
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"

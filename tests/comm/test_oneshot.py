@@ -39,3 +39,15 @@ def test_oneshot_nonfinite_and_fp16_overflow():
     assert bool(torch.isnan(y[bad]).all()) and bool(torch.isfinite(y[~bad]).all())
     h, ref = a["f16"], a["f16_ref"]
     assert bool(torch.isinf(ref[10])) and torch.equal(h[10:12], ref[10:12])  # ±inf, as dist.all_reduce
+
+
+def test_metadata_always_still_catches_a_size_change():
+    res = check_results(run_ranks(wk.always_checked, 2, timeout_s=30, deadline_s=120))
+    for r in res:
+        assert r["err"].startswith("MetadataMismatchError"), r["err"]
+        assert r["always_checks"] == 2 and r["cached_checks"] == 1
+
+
+def test_check_metadata_setting_is_validated():
+    res = check_results(run_ranks(wk.bad_check_setting, 2, timeout_s=30, deadline_s=60))
+    assert all(r.startswith("ValueError") and "'always'" in r for r in res)
