@@ -117,19 +117,30 @@ def codec_cost(codec: str, n: int, dtype: torch.dtype, device: torch.device, rep
     return statistics.median(enc) / n, statistics.median(dec) / n
 
 
+def forced_path(codec: str, path: str) -> QuickAllReduce:
+    """A QuickAllReduce that takes ``path`` ("oneshot" or "twoshot") for every message, metadata
+    check on (cached after the warm-up call, as in use)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return QuickAllReduce(codec=codec, min_bytes=0, max_bytes=NO_MAX, table={},
+                              twoshot_min_bytes=NO_MAX if path == "oneshot" else 0)
+
+
 def tune_measure(rank: int, world: int, sizes: list[int], codecs: list[str], dtypes: list[str], repeats: int,
                  codec_elems: int) -> dict:
-    """Plain all-reduce times per size and dtype (the link), and codec costs (rank 0's device)."""
+    """Per dtype: plain all-reduce times per size (the link); per codec: the one-shot and two-shot
+    times per size, and the codec costs (the slowest rank's)."""
     dev = _device()
-    out: dict = {"plain": {}, "codec": {}}
+    out: dict = {"plain": {}, "codec": {}, "oneshot": {}, "twoshot": {}}
     for dn in dtypes:
         dtype = DTYPES[dn]
         es = torch.tensor([], dtype=dtype).element_size()
-        out["plain"][dn] = [
-            (s, timed_collective(lambda t: dist.all_reduce(t), rank_input(max(1, s // es), dtype, dev), repeats))
-            for s in sizes
-        ]
+        inputs = {s: rank_input(max(1, s // es), dtype, dev) for s in sizes}
+        out["plain"][dn] = [(s, timed_collective(lambda t: dist.all_reduce(t), inputs[s], repeats)) for s in sizes]
         for c in codecs:
+            for path in ("oneshot", "twoshot"):
+                q = forced_path(c, path)
+                out[path][f"{c}/{dn}"] = [(s, timed_collective(q.all_reduce, inputs[s], repeats)) for s in sizes]
             cost = codec_cost(c, codec_elems, dtype, dev, repeats)
             t = torch.tensor(cost, dtype=torch.float64, device=dev)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace

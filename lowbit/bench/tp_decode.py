@@ -69,7 +69,7 @@ def measure_tp(spec: dict) -> list[dict]:
     prompts = [torch.tensor(p, dtype=torch.long) for p in spec["prompts"]]
     per_rank = check_results(run_ranks(
         decode_rank, spec["tp"], spec["path"], spec["methods"], prompts, spec["new"], spec["repeats"],
-        spec["check_metadata"], timeout_s=spec["timeout"], deadline_s=spec["deadline"],
+        spec["check_metadata"], spec.get("policy", "auto"), timeout_s=spec["timeout"], deadline_s=spec["deadline"],
     ))
     rows = per_rank[0]
     for i, row in enumerate(rows):  # both reducers leave every rank with the same sums -> same tokens
@@ -127,13 +127,14 @@ def print_tables(rows: list[dict], ref_rows: list[dict], a, console) -> None:
     from rich.table import Table
 
     t = Table(title=f"TP={a.tp} greedy decode, {a.model}, fp32, prompt {a.prompt} + {a.new} new tokens, "
-                    f"median of {a.repeats}, tokens/s on rank 0")
-    for c in ("link", "batch", "all-reduce", "tok/s", "vs plain", "vs single", "step ms", "AR/step",
+                    f"median of {a.repeats}, tokens/s on rank 0, codec policy {getattr(a, 'policy', 'auto')}")
+    for c in ("link", "batch", "all-reduce", "path", "tok/s", "vs plain", "vs single", "step ms", "AR/step",
               "msg", "AR us", "AR ms/step", "tokens = single"):
         t.add_column(c, justify="right")
     for r in rows:
         na = r["method"] == "none"
-        t.add_row(r["link"], str(r["batch"]), r["method"] + (" (no comm)" if na else ""), f"{r['tok_s']:.1f}",
+        t.add_row(r["link"], str(r["batch"]), r["method"] + (" (no comm)" if na else ""), r.get("path", "-"),
+                  f"{r['tok_s']:.1f}",
                   "-" if r["vs_plain"] is None else f"{r['vs_plain']:.2f}x", f"{r['vs_single']:.2f}x",
                   f"{r['step_ms']:.1f}", f"{r['allreduces_per_step']:g}", f"{r['message_bytes']} B",
                   "-" if na else f"{r['allreduce_s'] * 1e6:.0f}", "-" if na else f"{r['comm_ms_per_step']:.1f}",
@@ -215,6 +216,7 @@ def run(a: argparse.Namespace) -> int:
     prompts = [prompts_all[:b] for b in a.batches]
     spec = {"path": path, "tp": a.tp, "methods": list(dict.fromkeys(a.allreduce)), "prompts": [p.tolist() for p in prompts],
             "new": a.new, "repeats": a.repeats, "check_metadata": not a.no_metadata_check,
+            "policy": a.policy,
             "timeout": a.timeout, "deadline": 6 * 3600.0}
     links = ([] if a.skip_unshaped else [None]) + list(a.link_gbit)
     tp_rows = []

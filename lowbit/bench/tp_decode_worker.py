@@ -21,6 +21,7 @@ from lowbit.parallel.layers import ALLREDUCE_CHOICES, make_reducer, set_reducer
 
 # "none" skips communication entirely: wrong sums, but the step time is the TP compute floor.
 DECODE_METHODS = ("none", *ALLREDUCE_CHOICES)
+POLICIES = ("auto", "quantize")
 
 
 @dataclass
@@ -67,25 +68,36 @@ class CountingReducer:
         return self.reduce(t)
 
 
-def method_reducer(method: str, check_metadata: bool = True) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The reducer of a decode method: "none" (no communication), "plain" or a codec (every
-    message quantized, as in ``lowbit eval --tp``; ``check_metadata=False`` drops the cross-rank
-    size/dtype check, one extra small collective per call)."""
+def method_reducer(method: str, check_metadata: bool = True, policy: str = "auto") -> Callable[[torch.Tensor], torch.Tensor]:
+    """The reducer of a decode method: "none" (no communication), "plain" or a codec.
+    ``policy`` "auto": the codec's QuickAllReduce with its size policy (the tuned table, else the
+    defaults) choosing plain, one-shot or two-shot per message; "quantize": every message through
+    the codec (one-shot or two-shot by size), as ``lowbit eval --tp`` does.
+    ``check_metadata=False`` drops the cross-rank size/dtype check (done once per shape anyway)."""
     if method == "none":
         return lambda t: t
     if method not in ALLREDUCE_CHOICES:
         raise ValueError(f"unknown all-reduce {method!r}; choose from {', '.join(DECODE_METHODS)}")
-    if method == "plain" or check_metadata:
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+    if method == "plain":
         return make_reducer(method)
     import warnings
 
     from lowbit.comm.allreduce import QuickAllReduce
     from lowbit.comm.policy import NO_MAX
 
+    forced = {"min_bytes": 0, "max_bytes": NO_MAX, "table": {}} if policy == "quantize" else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        qar = QuickAllReduce(codec=method, min_bytes=0, max_bytes=NO_MAX, table={}, check_metadata=False)
+        qar = QuickAllReduce(codec=method, check_metadata=check_metadata, **forced)
     return qar.all_reduce
+
+
+def reducer_path(reduce: Callable[[torch.Tensor], torch.Tensor], shape: tuple[int, ...]) -> str:
+    """The path a reducer takes for an fp32 message of ``shape``: plain, oneshot or twoshot."""
+    qar = getattr(reduce, "__self__", None)
+    return qar.path(torch.empty(shape)) if hasattr(qar, "path") else "plain"
 
 
 def time_greedy(model, ids: torch.Tensor, n_new: int, repeats: int, warmup_new: int = 4,
@@ -133,7 +145,7 @@ def time_reducer(reduce: Callable[[torch.Tensor], torch.Tensor], shape: tuple[in
 
 
 def decode_rank(rank: int, world: int, path: str, methods: list[str], prompts: list[torch.Tensor], n_new: int,
-                repeats: int, check_metadata: bool = True) -> list[dict]:
+                repeats: int, check_metadata: bool = True, policy: str = "auto") -> list[dict]:
     """One rank of the TP decode benchmark: load the shard once; per prompt batch, warm every
     method up and count its all-reduces per step, then time greedy decoding and the reducer alone
     with the methods *interleaved* in every repeat (a shared, loaded machine drifts; interleaving
@@ -148,7 +160,7 @@ def decode_rank(rank: int, world: int, path: str, methods: list[str], prompts: l
     counter = CountingReducer(lambda t: t)
     model = load_tp_shard(path, rank, world, counter)
     hidden = model.config.hidden_size
-    reducers = {m: method_reducer(m, check_metadata) for m in dict.fromkeys(methods)}  # same order on every rank
+    reducers = {m: method_reducer(m, check_metadata, policy) for m in dict.fromkeys(methods)}  # same order on every rank
 
     def use(method: str) -> None:
         counter.reduce = reducers[method]
@@ -185,11 +197,12 @@ def decode_rank(rank: int, world: int, path: str, methods: list[str], prompts: l
             row = {"batch": b, "method": m, "prefill_s": statistics.median(pre[m]), "decode_s": d, "decode_s_all": dec[m],
                    "step_ms": 1e3 * d / (n_new - 1), "tok_s": b * (n_new - 1) / d, "tokens": toks[m].tolist(),
                    "allreduces_per_step": per_step[m], "message_bytes": b * hidden * 4,
-                   "allreduce_s": statistics.median(ar[m]) if ar[m] else 0.0}
+                   "allreduce_s": statistics.median(ar[m]) if ar[m] else 0.0,
+                   "path": "none" if m == "none" else reducer_path(reducers[m], (b, hidden))}
             rows.append(row)
             if rank == 0:
                 print(f"  batch {b} {m:>5}: {row['tok_s']:.1f} tok/s, step {row['step_ms']:.1f} ms, "
-                      f"all-reduce {row['allreduce_s'] * 1e6:.0f} us x {per_step[m]:g}", flush=True)
+                      f"all-reduce {row['allreduce_s'] * 1e6:.0f} us x {per_step[m]:g} ({row['path']})", flush=True)
     return rows
 
 

@@ -1,4 +1,4 @@
-"""Communication: all-reduce codecs, the two-shot quantized all-reduce, size policy and cost model.
+"""Communication: all-reduce codecs, the one-shot and two-shot quantized all-reduces, size policy and cost model.
 
 Tensor parallelism, which uses it, is lowbit.parallel; its benchmarks are in lowbit.bench.
 
@@ -9,5 +9,6 @@ decode, CODECS), the size policy (lowbit.comm.policy) and the error accounting
 
 from .allreduce import QuickAllReduce, two_shot
 from .errors import AllReduceError, MetadataMismatchError
+from .oneshot import one_shot
 
-__all__ = ["QuickAllReduce", "two_shot", "AllReduceError", "MetadataMismatchError"]
+__all__ = ["QuickAllReduce", "two_shot", "one_shot", "AllReduceError", "MetadataMismatchError"]

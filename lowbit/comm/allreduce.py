@@ -1,5 +1,8 @@
 """QuickAllReduce: the two-shot quantized all-reduce (QuickReduce's design) on any torch.distributed backend.
 
+Small quantized messages take the one-shot path instead (``oneshot.py``: one all-gather) and
+messages outside the quantize window plain ``dist.all_reduce``; ``policy.py`` decides per message.
+
 Phase 1 (reduce-scatter): the flat tensor is cut into W segments of whole 2048-value rows; each
 rank encodes all W segments and an all-to-all delivers to rank r every rank's encoding of
 segment r. Rank r decodes the W contributions and adds them in fp32, in rank order.
@@ -31,10 +34,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .codecs import CODECS, ROW, Codec, decode, encode, fp_wire_dtype, get_codec, n_rows, reduce_encode
+from .codecs import CODECS, ROW, Codec, fp_wire_dtype, get_codec, n_rows
+from .codecs.device import decode, encode, reduce_encode  # Triton on CUDA for INT8/INT4, else fast.py
 from .errors import AllReduceError
-from .metadata import DTYPE_CODES, check_same_job, signature
-from .policy import ENV_CODEC, SizePolicy, load_table
+from .metadata import DTYPE_CODES, CheckedJobs
+from .oneshot import one_shot
+from .policy import ENV_CODEC, PATHS, SizePolicy, load_table
 
 FP16_OVERFLOW_CLAMP = float(2**17)
 _CODEC_NAMES = list(CODECS)
@@ -219,8 +224,14 @@ class QuickAllReduce:
 
     ``codec``: fp, int8, int6, int4, int3 or fp4 (env LOWBIT_QR_CODEC overrides). ``min_bytes`` /
     ``max_bytes`` override the tuned table (env LOWBIT_QR_MIN_BYTES / _MAX_BYTES override both).
-    ``check_metadata``: exchange (numel, dtype, codec, path) first so that mismatched calls raise
-    MetadataMismatchError on every rank instead of hanging or summing garbage.
+    Quantized messages below ``twoshot_min_bytes`` take the one-shot path (one all-gather,
+    ``oneshot.py``), the others two-shot (env LOWBIT_QR_TWOSHOT_MIN_BYTES; see ``policy.py``).
+    ``check_metadata``: exchange (numel, dtype, codec, path) the first time a job (shape, dtype)
+    is seen, so that mismatched calls raise MetadataMismatchError on every rank instead of hanging
+    or summing garbage; later calls of a checked job skip it (``metadata.CheckedJobs``), so a rank
+    that changes its message size between calls meets peers that skip the check: gloo then aborts
+    that collective (an AllReduceError or a crashed rank, not MetadataMismatchError);
+    ``check_metadata="always"`` checks every call (one more collective each) for such callers.
     ``keep_buffers``: reuse the scratch buffers of the last message size (no page faults per call).
     ``chunk_bytes``: large messages run as several two-shot rounds of about this size (0: one
     round), which keeps scratch memory bounded and each collective's message moderate; the result
@@ -237,11 +248,12 @@ class QuickAllReduce:
         *,
         min_bytes: int | None = None,
         max_bytes: int | None = None,
-        check_metadata: bool = True,
+        check_metadata: bool | str = True,
         table: dict | None = None,
         keep_buffers: bool = True,
         chunk_bytes: int = 2 << 20,
         pipeline_depth: int = 3,
+        twoshot_min_bytes: int | None = None,
     ):
         if not dist.is_initialized():
             raise RuntimeError("QuickAllReduce needs an initialised torch.distributed process group")
@@ -249,46 +261,59 @@ class QuickAllReduce:
         self.codec: Codec = get_codec(os.environ.get(ENV_CODEC) or codec)
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
+        if check_metadata not in (True, False, "always"):
+            raise ValueError(f"check_metadata must be True, False or 'always', got {check_metadata!r}")
         self.check_metadata = check_metadata
         self.chunk_bytes = int(os.environ.get("LOWBIT_QR_CHUNK_BYTES", chunk_bytes))
         self.pipeline_depth = int(os.environ.get("LOWBIT_QR_PIPELINE_DEPTH", pipeline_depth))
         if self.pipeline_depth < 1:
             raise ValueError(f"pipeline_depth must be >= 1, got {self.pipeline_depth}")
         self.policy = SizePolicy(
-            self.codec.name, self.world_size, min_bytes, max_bytes, load_table() if table is None else table
+            self.codec.name, self.world_size, min_bytes, max_bytes, load_table() if table is None else table,
+            twoshot_min_bytes,
         )
+        self.checked = CheckedJobs(group, _CODEC_NAMES)
         if self.codec.name == "int3" and self.world_size > 2:
             warnings.warn(
                 f"INT3 at world size {self.world_size}: every rank's input and the sum are each quantized to "
                 "3 bits, so the error grows with the world size while the gain over INT4 is small; prefer int4",
                 stacklevel=2,
             )
-        self.last_path = ""
+        self.last_path = ""  # "plain" or the codec's name
+        self.last_shot = ""  # the last quantized call's path: "oneshot" or "twoshot"
         # scratch buffers kept between calls, one set per round in flight (keep_buffers=False: none)
         self._workspaces: list[dict] | None = [{} for _ in range(self.pipeline_depth)] if keep_buffers else None
 
-    def will_quantize(self, t: torch.Tensor) -> bool:
+    def path(self, t: torch.Tensor) -> str:
+        """"plain", "oneshot" or "twoshot": the path ``all_reduce(t)`` takes."""
         if t.dtype not in DTYPE_CODES or self.world_size < 2 or t.numel() == 0:
-            return False
-        return self.policy.use_quick(t.numel() * t.element_size(), t.dtype)
+            return "plain"
+        return self.policy.path(t.numel() * t.element_size(), t.dtype)
+
+    def will_quantize(self, t: torch.Tensor) -> bool:
+        return self.path(t) != "plain"
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over the group in place (like ``dist.all_reduce``) and return it."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"all_reduce takes a torch.Tensor, got {type(tensor).__name__}")
-        quick = self.will_quantize(tensor)
+        path = self.path(tensor)
         if self.check_metadata:
-            sig = signature(tensor, _CODEC_NAMES.index(self.codec.name), quick)
-            check_same_job(sig, tensor.device, self.group, _CODEC_NAMES)
-        if not quick:
+            self.checked.check(tensor, _CODEC_NAMES.index(self.codec.name), PATHS.index(path),
+                               cached=self.check_metadata != "always")
+        if path == "plain":
             self.last_path = "plain"
             _collective("plain all_reduce", dist.all_reduce, tensor, group=self.group)
             return tensor
         self.last_path = self.codec.name
+        self.last_shot = path
         flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1)
-        step = self._chunk_elems(tensor.element_size())
-        # rows are independent: neither chunking nor pipelining changes a bit
-        pipelined(flat, step, self.codec, self.group, self._workspaces, self.pipeline_depth)
+        if path == "oneshot":
+            one_shot(flat, self.codec, self.group, out=flat, workspace=self._workspaces[0] if self._workspaces else None)
+        else:
+            step = self._chunk_elems(tensor.element_size())
+            # rows are independent: neither chunking nor pipelining changes a bit
+            pipelined(flat, step, self.codec, self.group, self._workspaces, self.pipeline_depth)
         if not tensor.is_contiguous():
             tensor.copy_(flat.view(tensor.shape))
         return tensor

@@ -2,7 +2,11 @@
 
 Without it, ranks that disagree on the element count or dtype either hang (different message
 sizes) or silently add unrelated bytes. One tiny all_gather of five int64 per rank turns that
-into a clear error on every rank.
+into a clear error on every rank. :class:`CheckedJobs` runs it once per (shape, dtype, codec,
+path) and remembers the jobs that passed: a decode step repeats the same few shapes, and the check
+is one more collective latency per call. A rank that brings a job new to it runs the check while
+peers that already know theirs do not: their collectives then disagree, which gloo/NCCL report as
+an error or a timeout (AllReduceError), no longer as MetadataMismatchError.
 """
 
 from __future__ import annotations
@@ -16,19 +20,23 @@ DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}
 _NAMES = {v: str(k).replace("torch.", "") for k, v in DTYPE_CODES.items()}
 # torch >= 2.13 names it all_gather_single; older releases all_gather_into_tensor
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-FIELDS = ("numel", "dtype", "codec", "quick", "ndim")
+FIELDS = ("numel", "dtype", "codec", "path", "ndim")
+PATHS = ("plain", "oneshot", "twoshot")
+MAX_CACHED_JOBS = 4096
 
 
-def signature(t: torch.Tensor, codec_id: int, quick: bool) -> list[int]:
-    """This rank's job: element count, dtype code (0: not a float; such tensors take the plain path), codec id, path, ndim."""
-    return [t.numel(), DTYPE_CODES.get(t.dtype, 0), codec_id, int(quick), t.dim()]
+def signature(t: torch.Tensor, codec_id: int, path: int | bool) -> list[int]:
+    """This rank's job: element count, dtype code (0: not a float; such tensors take the plain
+    path), codec id, path (index into PATHS; True means two-shot), ndim."""
+    p = 2 if path is True else int(path)
+    return [t.numel(), DTYPE_CODES.get(t.dtype, 0), codec_id, p, t.dim()]
 
 
 def _describe(row: list[int], codec_names: list[str]) -> str:
-    numel, dt, codec, quick, _ = row
+    numel, dt, codec, path, _ = row
     dtype = _NAMES.get(dt, "unsupported dtype")
-    path = f"quick/{codec_names[codec]}" if quick else "plain all_reduce"
-    return f"{numel} elements of {dtype} via {path}"
+    how = f"{PATHS[path]}/{codec_names[codec]}" if path else "plain all_reduce"
+    return f"{numel} elements of {dtype} via {how}"
 
 
 def check_same_job(
@@ -46,3 +54,23 @@ def check_same_job(
     if any(r != rows[0] for r in rows):
         lines = [f"  rank {r}: {_describe(row, codec_names)}" for r, row in enumerate(rows)]
         raise MetadataMismatchError("all_reduce called with different jobs on different ranks:\n" + "\n".join(lines))
+
+
+class CheckedJobs:
+    """The jobs (shape, dtype, codec, path) already checked on one group: each checked once."""
+
+    def __init__(self, group, codec_names: list[str]):
+        self.group, self.codec_names = group, codec_names
+        self._seen: set[tuple] = set()
+        self.checks = 0  # exchanges run so far (tests and benchmarks read it)
+
+    def check(self, t: torch.Tensor, codec_id: int, path: int, cached: bool = True) -> None:
+        """Exchange and compare this job's signature, unless it passed before (``cached=False``: always)."""
+        key = (tuple(t.shape), t.dtype, t.device, codec_id, path)
+        if cached and key in self._seen:
+            return
+        self.checks += 1
+        check_same_job(signature(t, codec_id, path), t.device, self.group, self.codec_names)
+        if len(self._seen) >= MAX_CACHED_JOBS:  # a caller with ever-new shapes: keep memory bounded
+            self._seen.clear()
+        self._seen.add(key)

@@ -1,8 +1,12 @@
-"""Which messages take the quantized path: [min_bytes, max_bytes] per (codec, world size, dtype).
+"""Which path each message takes: plain, one-shot or two-shot, per (codec, world size, dtype).
 
-Precedence: environment (LOWBIT_QR_MIN_BYTES, LOWBIT_QR_MAX_BYTES) > constructor arguments >
-the tuned table (``lowbit tune allreduce`` writes it; LOWBIT_QR_TABLE names another file) >
-built-in defaults. Outside the window QuickAllReduce calls plain ``dist.all_reduce``.
+Messages in the quantize window [min_bytes, max_bytes] are quantized, the others take plain
+``dist.all_reduce``. Inside the window, messages below ``twoshot_min_bytes`` take the one-shot
+path (one collective: latency-bound messages), the others two-shot (less traffic and codec work
+per rank at W > 2, pipelined). Precedence for each of the three numbers: environment
+(LOWBIT_QR_MIN_BYTES, LOWBIT_QR_MAX_BYTES, LOWBIT_QR_TWOSHOT_MIN_BYTES) > constructor arguments >
+the tuned table (``lowbit tune allreduce`` writes it from measured times of all three paths;
+LOWBIT_QR_TABLE names another file) > built-in defaults.
 """
 
 from __future__ import annotations
@@ -16,8 +20,11 @@ from pathlib import Path
 import torch
 
 DEFAULT_MIN_BYTES = 1 << 20  # no table: quantize from 1 MiB (small messages are latency-bound)
+DEFAULT_TWOSHOT_MIN_BYTES = 1 << 20  # no table: a forced quantized path (min_bytes=0) is one-shot below 1 MiB
 NO_MAX = 1 << 62
 ENV_MIN, ENV_MAX, ENV_CODEC, ENV_TABLE = "LOWBIT_QR_MIN_BYTES", "LOWBIT_QR_MAX_BYTES", "LOWBIT_QR_CODEC", "LOWBIT_QR_TABLE"
+ENV_TWOSHOT = "LOWBIT_QR_TWOSHOT_MIN_BYTES"
+PATHS = ("plain", "oneshot", "twoshot")
 
 
 def default_table_path() -> Path:
@@ -89,6 +96,7 @@ class SizePolicy:
     min_bytes: int | None = None
     max_bytes: int | None = None
     table: dict | None = None
+    twoshot_min_bytes: int | None = None
 
     def window(self, dtype: torch.dtype) -> tuple[int, int, str]:
         """(min_bytes, max_bytes, where they came from)."""
@@ -109,6 +117,22 @@ class SizePolicy:
             src = "environment"
         return lo, hi, src
 
+    def twoshot_from(self, dtype: torch.dtype) -> int:
+        """Quantized messages from this size on take two-shot, smaller ones one-shot."""
+        env = _env_bytes(ENV_TWOSHOT)
+        if env is not None:
+            return env
+        if self.twoshot_min_bytes is not None:
+            return self.twoshot_min_bytes
+        entry = (self.table or {}).get(table_key(self.codec, self.world_size, dtype), {})
+        return int(min(entry.get("twoshot_min_bytes", DEFAULT_TWOSHOT_MIN_BYTES), NO_MAX))
+
     def use_quick(self, nbytes: int, dtype: torch.dtype) -> bool:
         lo, hi, _ = self.window(dtype)
         return lo <= nbytes <= hi
+
+    def path(self, nbytes: int, dtype: torch.dtype) -> str:
+        """"plain", "oneshot" or "twoshot" for a message of ``nbytes`` of ``dtype``."""
+        if not self.use_quick(nbytes, dtype):
+            return "plain"
+        return "oneshot" if nbytes < self.twoshot_from(dtype) else "twoshot"

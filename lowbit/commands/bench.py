@@ -129,6 +129,9 @@ def _tp_decode(kinds) -> None:
     p.add_argument("--link-gbit", type=positive_float, nargs="*", default=[], help="also measure on links shaped to N Gbit/s")
     p.add_argument("--skip-unshaped", action="store_true", help="measure only the shaped links")
     p.add_argument("--no-metadata-check", action="store_true", help="codecs skip the cross-rank size/dtype check")
+    p.add_argument("--policy", default="auto", choices=tp_decode_worker.POLICIES,
+                   help="auto: each codec's size policy (tuned table or defaults) picks plain, one-shot or two-shot "
+                        "per message; quantize: every message through the codec (one-shot or two-shot by size)")
     p.add_argument("--ref-threads", type=positive_int, nargs="*", default=None,
                    help="torch threads of the single-process reference runs (default: 1 and --tp)")
     p.add_argument("--timeout", type=positive_float, default=300.0, help="process-group timeout, seconds")

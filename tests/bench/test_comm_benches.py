@@ -72,6 +72,20 @@ def test_tune_writes_a_table_that_quick_all_reduce_reads(tmp_path, monkeypatch):
     entries = load_table(path)
     e = entries["int4/w2/bfloat16"]
     assert e["min_bytes"] >= 0 and e["alpha_s"] >= 0 and e["bus_bytes_per_s"] > 0
+    assert set(e["paths"]) == {"plain", "oneshot", "twoshot"}
+    assert all(p["alpha_s"] >= 0 and p["s_per_byte"] >= 0 for p in e["paths"].values())
+    assert [s for s, _ in e["points"]["oneshot"]] == [16 << 10, 64 << 10, 256 << 10]
+    assert e["min_bytes"] <= e["twoshot_min_bytes"] or e["min_bytes"] == e["twoshot_min_bytes"]
     import torch
 
-    assert SizePolicy("int4", 2, table=entries).window(torch.bfloat16)[2] == "table"
+    from lowbit.comm.costmodel import PathFit, policy_window
+    from lowbit.comm.policy import NO_MAX
+
+    # the written window is what the written lines imply
+    lines = {p: PathFit(**v) for p, v in e["paths"].items()}
+    win = policy_window(lines, NO_MAX)
+    if win["min_bytes"] < NO_MAX:
+        assert (e["min_bytes"], e["twoshot_min_bytes"]) == (win["min_bytes"], win["twoshot_min_bytes"])
+    pol = SizePolicy("int4", 2, table=entries)
+    assert pol.window(torch.bfloat16)[2] == "table"
+    assert pol.twoshot_from(torch.bfloat16) == e["twoshot_min_bytes"]

@@ -94,6 +94,8 @@ def test_counting_reducer_and_methods():
     assert torch.equal(method_reducer("none")(torch.ones(3)), torch.ones(3))
     with pytest.raises(ValueError, match="unknown all-reduce"):
         method_reducer("int5")
+    with pytest.raises(ValueError, match="unknown policy"):
+        method_reducer("int4", policy="sometimes")
 
 
 def test_greedy_bad_input(tiny):

@@ -28,7 +28,7 @@ def reduce_cases(rank: int, world: int, cases: list[tuple]) -> tuple[list[torch.
         for codec, dtype_name, n, seed, noncontig, *rest in cases:
             x = rank_input(rank, n, DTYPES[dtype_name], seed)
             chunk = {"chunk_bytes": 1} if rest and rest[0] else {}  # 1: the smallest rounds, W rows each
-            qar = QuickAllReduce(codec=codec, min_bytes=0, table={}, **chunk)
+            qar = QuickAllReduce(codec=codec, min_bytes=0, table={}, twoshot_min_bytes=0, **chunk)
             if noncontig:
                 buf = torch.zeros(n, 2, dtype=x.dtype)
                 buf[:, 0] = x
@@ -65,7 +65,7 @@ def plain_vs_quick_small(rank: int, world: int) -> dict:
     env.all_reduce(t3)
     del os.environ["LOWBIT_QR_MIN_BYTES"]
     ints = torch.arange(10, dtype=torch.int64) * (rank + 1)
-    QuickAllReduce(codec="int4", min_bytes=0, table={}).all_reduce(ints)
+    QuickAllReduce(codec="int4", min_bytes=0, table={}, twoshot_min_bytes=0).all_reduce(ints)
     return {
         "small_equal": torch.equal(t, ref), "small_path": small_path,
         "max_equal": torch.equal(t2, ref), "max_path": big.last_path,
@@ -78,7 +78,7 @@ def mismatched(rank: int, world: int, kind: str) -> str:
 
     n = 4096 + (rank if kind == "size" else 0)
     dtype = torch.float16 if (kind == "dtype" and rank == 1) else torch.float32
-    qar = QuickAllReduce(codec="int4", min_bytes=0, table={})
+    qar = QuickAllReduce(codec="int4", min_bytes=0, table={}, twoshot_min_bytes=0)
     try:
         qar.all_reduce(torch.ones(n, dtype=dtype))
     except Exception as e:
@@ -89,7 +89,7 @@ def mismatched(rank: int, world: int, kind: str) -> str:
 def dead_peer(rank: int, world: int) -> str:
     from lowbit.comm.allreduce import QuickAllReduce
 
-    qar = QuickAllReduce(codec="int4", min_bytes=0, table={}, check_metadata=(world > 0))
+    qar = QuickAllReduce(codec="int4", min_bytes=0, table={}, twoshot_min_bytes=0, check_metadata=(world > 0))
     if rank == world - 1:
         os._exit(3)  # dies without a word
     try:
@@ -106,7 +106,7 @@ def nonfinite(rank: int, world: int, codec: str) -> torch.Tensor:
     if rank == 0:
         x[100] = float("nan")
         x[5000] = float("inf")
-    QuickAllReduce(codec=codec, min_bytes=0, table={}).all_reduce(x)
+    QuickAllReduce(codec=codec, min_bytes=0, table={}, twoshot_min_bytes=0).all_reduce(x)
     return x
 
 
@@ -119,7 +119,7 @@ def fp16_overflow(rank: int, world: int, codec: str) -> tuple[torch.Tensor, torc
     x[3000] = 40000.0
     ref = x.clone()
     dist.all_reduce(ref)
-    QuickAllReduce(codec=codec, min_bytes=0, table={}).all_reduce(x)
+    QuickAllReduce(codec=codec, min_bytes=0, table={}, twoshot_min_bytes=0).all_reduce(x)
     return x, ref
 
 
@@ -138,7 +138,7 @@ def fp_and_plain(rank: int, world: int, cases: list[tuple]) -> list[tuple[torch.
     """(QuickAllReduce "fp" result, dist.all_reduce result) for each (dtype, n, seed) case."""
     from lowbit.comm.allreduce import QuickAllReduce
 
-    qar = QuickAllReduce(codec="fp", min_bytes=0, table={})
+    qar = QuickAllReduce(codec="fp", min_bytes=0, table={}, twoshot_min_bytes=0)
     out = []
     for dtype_name, n, seed in cases:
         x = rank_input(rank, n, DTYPES[dtype_name], seed)
@@ -160,10 +160,10 @@ def pipeline_variants(rank: int, world: int, cases: list[tuple]) -> list[list[to
         res = []
         for chunk, depth in ((0, 1), (1, 1), (1, 2), (1, 3)):
             t = x.clone()
-            QuickAllReduce(codec=codec, min_bytes=0, table={}, chunk_bytes=chunk, pipeline_depth=depth).all_reduce(t)
+            QuickAllReduce(codec=codec, min_bytes=0, table={}, twoshot_min_bytes=0, chunk_bytes=chunk, pipeline_depth=depth).all_reduce(t)
             res.append(t)
         t = x.clone()  # a reused object: the per-round buffers are kept and must not leak between calls
-        q = QuickAllReduce(codec=codec, min_bytes=0, table={}, chunk_bytes=1)
+        q = QuickAllReduce(codec=codec, min_bytes=0, table={}, twoshot_min_bytes=0, chunk_bytes=1)
         q.all_reduce(x.clone() * 3)
         q.all_reduce(t)
         res.append(t)
@@ -175,7 +175,7 @@ def inference_mode_then_normal(rank: int, world: int) -> list[torch.Tensor]:
     """The kept buffers made during torch.inference_mode() must serve later calls outside it."""
     from lowbit.comm.allreduce import QuickAllReduce
 
-    q = QuickAllReduce(codec="int4", min_bytes=0, table={})
+    q = QuickAllReduce(codec="int4", min_bytes=0, table={}, twoshot_min_bytes=0)
     outs = []
     for mode in (True, False, True):
         with torch.inference_mode(mode):
@@ -208,9 +208,89 @@ def range_cases(rank: int, world: int, cases: list[tuple]) -> list[torch.Tensor]
     for codec, dtype_name, n, seed, use_native in cases:
         os.environ["LOWBIT_QR_NATIVE"] = "1" if use_native else "0"
         t = range_input(rank, n, dtype_name, seed)
-        q = QuickAllReduce(codec=codec, min_bytes=0, table={})
+        q = QuickAllReduce(codec=codec, min_bytes=0, table={}, twoshot_min_bytes=0)
         q.all_reduce(t)
         assert q.last_path == codec
         out.append(t)
     os.environ.pop("LOWBIT_QR_NATIVE", None)
     return out
+
+
+def tie_free(x: torch.Tensor) -> torch.Tensor:
+    """x with one value of largest magnitude per 32-value block (that value times 1.25): the
+    reference codec and the fast one break a +m/-m tie differently (the fast codecs take the
+    first, the formats' signed absmax the positive one), which is not what these tests check."""
+    from lowbit.comm.codecs.fast import as_rows
+
+    n = x.numel()
+    b = as_rows(x.float()).reshape(-1, 32).clone()
+    idx = b.abs().argmax(dim=1, keepdim=True)
+    b.scatter_(1, idx, b.gather(1, idx) * 1.25)
+    return b.reshape(-1)[:n].to(x.dtype)
+
+
+def oneshot_input(rank: int, n: int, dtype_name: str, seed: int, ties: bool) -> torch.Tensor:
+    x = rank_input(rank, n, DTYPES[dtype_name], seed)
+    return x if ties else tie_free(x)
+
+
+def oneshot_cases(rank: int, world: int, cases: list[tuple]) -> dict:
+    """One-shot all-reduce of each (codec, dtype, n, seed, ties) case, the paths taken, and how many
+    metadata exchanges ran over three calls of each case (the check is cached per job)."""
+    from lowbit.comm.allreduce import QuickAllReduce
+
+    out, paths, checks = [], [], []
+    for codec, dtype_name, n, seed, ties in cases:
+        q = QuickAllReduce(codec=codec, min_bytes=0, table={}, twoshot_min_bytes=1 << 40)
+        for _ in range(3):
+            t = oneshot_input(rank, n, dtype_name, seed, ties)
+            q.all_reduce(t)
+        paths.append((q.last_path, q.last_shot, q.path(t)))
+        checks.append(q.checked.checks)
+        out.append(t)
+    return {"out": out, "paths": paths, "checks": checks}
+
+
+def oneshot_edges(rank: int, world: int) -> dict:
+    """Non-finite input and float16 overflow on the one-shot path, next to dist.all_reduce."""
+    from lowbit.comm.allreduce import QuickAllReduce
+
+    q = QuickAllReduce(codec="int4", min_bytes=0, table={}, twoshot_min_bytes=1 << 40)
+    x = rank_input(rank, 3 * 2048, torch.float32, 11)
+    if rank == 0:
+        x[100], x[5000] = float("nan"), float("inf")
+    q.all_reduce(x)
+    h = rank_input(rank, 4096, torch.float16, 12)
+    h[10], h[11] = 60000.0, -60000.0
+    ref = h.clone()
+    dist.all_reduce(ref)
+    q.all_reduce(h)
+    return {"nonfinite": x, "f16": h, "f16_ref": ref, "shot": q.last_shot}
+
+
+def always_checked(rank: int, world: int) -> dict:
+    """check_metadata="always": a rank that changes its size after a checked call still gets
+    MetadataMismatchError on every rank; the default caches the check (one exchange per job)."""
+    from lowbit.comm.allreduce import QuickAllReduce
+
+    q = QuickAllReduce(codec="int4", min_bytes=0, table={}, check_metadata="always")
+    q.all_reduce(torch.ones(4096))
+    try:
+        q.all_reduce(torch.ones(4096 + rank))
+        err = "no error"
+    except Exception as e:
+        err = f"{type(e).__name__}: {e}"
+    cached = QuickAllReduce(codec="int4", min_bytes=0, table={})
+    for _ in range(3):
+        cached.all_reduce(torch.ones(4096))
+    return {"err": err, "always_checks": q.checked.checks, "cached_checks": cached.checked.checks}
+
+
+def bad_check_setting(rank: int, world: int) -> str:
+    from lowbit.comm.allreduce import QuickAllReduce
+
+    try:
+        QuickAllReduce(codec="int4", check_metadata="sometimes")
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"

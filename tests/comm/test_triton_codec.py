@@ -1,0 +1,63 @@
+"""The fused Triton codecs (INT8/INT4 encode, decode, decode-sum-encode) against the reference,
+on CPU under the Triton interpreter (a subprocess: TRITON_INTERPRET must be set before the
+kernels are decorated); on a GPU, when there is one, the compiled kernels too."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton", reason="triton not installed: the Triton codecs cannot be checked here")
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = [f"{op}_{c}_{d}_5000{suffix}" for c in ("int8", "int4") for d in ("float32", "bfloat16", "float16")
+         for op, suffix in (("encode", ""), ("decode", "_float32"), ("decode", f"_{d}"), ("reduce", ""))]
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("triton_checks.py"))], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", sorted(set(CASES)))
+def test_triton_codec_equals_reference_under_interpreter(results, case):
+    assert results[case] is True
+
+
+def test_every_case_ran(results):
+    assert set(results) == set(CASES)
+
+
+def test_dispatch_keeps_cpu_tensors_and_other_codecs_off_triton():
+    from lowbit.comm.codecs import get_codec
+    from lowbit.comm.codecs.device import uses_triton
+
+    assert not uses_triton(torch.zeros(4), get_codec("int4"))
+    from lowbit.comm.codecs import triton as tc
+
+    with pytest.raises(ValueError, match="supports int8, int4"):
+        tc.encode(torch.zeros(4), "fp4")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the compiled Triton codec is not run")
+@pytest.mark.parametrize("codec", ["int8", "int4"])
+def test_compiled_triton_codec_on_cuda(codec):
+    from triton_checks import inputs, same
+
+    from lowbit.comm.codecs import decode_ref, encode_ref, get_codec
+    from lowbit.comm.codecs.device import decode, encode, uses_triton
+
+    c = get_codec(codec)
+    x = inputs(torch.bfloat16, 5000, 3)
+    assert uses_triton(x.cuda(), c)
+    w = encode(x.cuda(), c)
+    assert torch.equal(w.cpu(), encode_ref(x, c))
+    assert same(decode(w, c, 5000, torch.bfloat16).cpu(), decode_ref(w.cpu(), c, 5000, torch.bfloat16))
