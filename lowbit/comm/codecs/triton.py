@@ -6,7 +6,7 @@ scale bytes in a single pass, and the two-shot's middle step (decode W rows, add
 rank order, re-encode) without writing the sum to memory.
 
 Bit-identical to ``reference.py`` (tested under TRITON_INTERPRET=1 on CPU): the signed absmax
-takes the positive value on a +m/-m tie (as ``lowbit.formats.choose_qparams``), the scale is
+is the first value of largest magnitude (a +m/-m tie: the earlier one, as the fast and C codecs), the scale is
 fp32 ``signed_max / qmin`` (a power of two: exact), rounded to fp16 away from zero, 1 for an
 all-zero block; codes are round-half-even of the correctly rounded fp32 quotient (``div_rn``);
 a finite block beyond the fp16 scale range gets the extended scale (``extscale.py``) with codes
@@ -49,20 +49,18 @@ def _encode_tile(xe, xo, BITS: tl.constexpr):
     zo = tl.where(fin_o, xo, 0.0)
     hi = tl.maximum(tl.max(ze, axis=1), tl.max(zo, axis=1))
     lo = tl.minimum(tl.min(ze, axis=1), tl.min(zo, axis=1))
-    smax = tl.where(hi >= -lo, hi, lo)
-    s32 = smax * (1.0 / QMIN)  # exact: a power of two
-    # the extended scale (reference: value by value) takes the *first* value of largest magnitude
+    # the signed absmax is the *first* value of largest magnitude (a +m/-m tie: the earlier one)
     amax = tl.maximum(hi, -lo)[:, None]
     pair = tl.arange(0, 16)[None, :]
     first = tl.minimum(tl.min(tl.where(tl.abs(ze) == amax, 2 * pair, 64), axis=1),
                        tl.min(tl.where(tl.abs(zo) == amax, 2 * pair + 1, 64), axis=1))[:, None]
     fval = tl.sum(tl.where(2 * pair == first, ze, 0.0), axis=1) + tl.sum(tl.where(2 * pair + 1 == first, zo, 0.0), axis=1)
-    s32_ext = fval * (1.0 / QMIN)
+    s32 = fval * (1.0 / QMIN)  # exact: a power of two
     h = s32.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     hv = h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     h = tl.where(tl.abs(hv) < tl.abs(s32), h + 1, h)  # never shrink: the next fp16 away from zero
     ext = (h & 0x7FFF) >= 0x7C00  # rounded to inf: beyond the fp16 range
-    b = s32_ext.to(tl.int32, bitcast=True)
+    b = s32.to(tl.int32, bitcast=True)
     mag = ((b & 0x7FFFFFFF) + 0x1FFFFF) & 0x7FE00000
     p = (tl.minimum(tl.maximum((mag >> 23) - 142, 1), 0x7F) << 2) | ((mag >> 21) & 3)
     neg = b < 0
