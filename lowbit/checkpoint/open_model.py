@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from lowbit.checkpoint.compressed_tensors import ct_quantization_config, load_compressed_tensors
-from lowbit.checkpoint.load import is_quantized_dir, load_quantized
+from lowbit.checkpoint.load import load_quantized
+from lowbit.checkpoint.opener import is_quantized_dir
 from lowbit.errors import UsageError
 from lowbit.io.swap import is_temp_name
 from lowbit.models.loading import load_float, resolve

@@ -16,7 +16,7 @@ from torch import nn
 
 from lowbit.formats.scheme import Scheme
 
-from lowbit.checkpoint.load import CONFIG_NAME, FORMAT_VERSION, WEIGHTS_NAME, is_quantized_dir
+from lowbit.checkpoint.opener import CONFIG_NAME, FORMAT_VERSION, WEIGHTS_NAME, is_quantized_dir
 from lowbit.io.integrity import CONFIG_HASH_KEY, MARKER, config_digest, sha256_file
 from lowbit.checkpoint.layout import describe
 from lowbit.io.outputs import OutputPathError, check_output_dir

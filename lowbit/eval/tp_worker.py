@@ -27,7 +27,7 @@ def checkpoint_folder(model: str) -> str:
 
 def check_quantized_world(path: str, world: int) -> None:
     """For a lowbit checkpoint: the rank count it was quantized for must be ``world``."""
-    from lowbit.checkpoint.load import is_quantized_dir, read_meta
+    from lowbit.checkpoint.opener import is_quantized_dir, read_meta
 
     from lowbit.parallel.shard_quantized import require_world
 
