@@ -14,9 +14,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from lowbit.errors import UsageError
 from lowbit.formats.scheme import Scheme
 
-from lowbit.checkpoint.load import CONFIG_NAME, FORMAT_VERSION, WEIGHTS_NAME, is_quantized_dir
+from lowbit.checkpoint.opener import CONFIG_NAME, FORMAT_VERSION, WEIGHTS_NAME, is_quantized_dir
 from lowbit.io.integrity import CONFIG_HASH_KEY, MARKER, config_digest, sha256_file
 from lowbit.checkpoint.layout import describe
 from lowbit.io.outputs import OutputPathError, check_output_dir
@@ -101,11 +102,25 @@ def _write(model: nn.Module, scheme: Scheme, folder: Path, tokenizer, extra: dic
     (folder / CONFIG_NAME).write_text(json.dumps(meta, indent=1))
 
 
+def _refuse_kernel_linears(model: nn.Module) -> None:
+    """A model on the fast kernels holds kernel-prepared tensors, not the packed ones a checkpoint
+    records: saving it would lose its linears, so it is refused, naming the fix."""
+    from lowbit.accelerate.fuse import FusedPart
+    from lowbit.accelerate.linears import KernelLinear
+
+    fast = [n for n, m in model.named_modules() if isinstance(m, (KernelLinear, FusedPart))]
+    if fast:
+        raise UsageError(f"the model runs the fast kernels ({len(fast)} linears, e.g. {fast[0]}), which hold no "
+                         "packed weights to save; load it with kernel='reference' (load_model(..., kernel="
+                         "'reference') or load_quantized) and save that")
+
+
 def save_quantized(model: nn.Module, out_dir: str | os.PathLike, tokenizer=None, extra: dict | None = None) -> Path:
     """Write ``model`` (quantized by :func:`lowbit.quantize.quantize_model`) to ``out_dir``."""
     scheme = getattr(model, "lowbit_scheme", None)
     if not isinstance(scheme, Scheme):
         raise ValueError("the model has no lowbit scheme; quantize it with lowbit.quantize.quantize_model first")
+    _refuse_kernel_linears(model)
     out = Path(out_dir).absolute()
     check_save_target(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ from lowbit.errors import UsageError
 from .argtypes import positive_int
 
 DEFAULT_SEQLEN = 2048
+KERNELS = ("auto", "reference", "cpu", "triton")  # lowbit.kernels.dispatch.CHOICES (not imported: torch is slow to load)
 
 PPL_HELP = """Perplexity by the standard protocol (GPTQ, Atom, llm-compressor): the evaluation text is
 tokenized once, cut into non-overlapping windows of --seqlen tokens (the tail is dropped), and
@@ -34,6 +35,10 @@ def _common(p: argparse.ArgumentParser, model_default: str | None = "default") -
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="where the model runs: cpu, cuda or cuda:N (default: %(default)s)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON (for 'lowbit eval compare')")
+    p.add_argument("--kernel", default=None, choices=KERNELS,
+                   help="what runs a quantized checkpoint's packed linears: auto (the fast kernel for the device), "
+                        "cpu, triton, or reference (the reference forward); with --tp the shards run the reference "
+                        "(default: LOWBIT_KERNEL or auto)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
@@ -98,11 +103,12 @@ def _setup(args, datasets=(), outputs=("json",)):
     return getattr(torch, args.dtype)
 
 
-def _load(name: str, dtype, device: str = "cpu"):
-    """``(model, tokenizer)``; a model without a tokenizer cannot be evaluated on text."""
+def _load(name: str, dtype, device: str = "cpu", kernel: str | None = None):
+    """``(model, tokenizer)``, a quantized one on ``kernel``; a model without a tokenizer cannot be
+    evaluated on text."""
     from lowbit.checkpoint import load_model
 
-    model, tok = load_model(name, dtype=dtype, device=device)
+    model, tok = load_model(name, dtype=dtype, device=device, kernel=kernel)
     if tok is None:
         raise UsageError(f"{name} has no tokenizer (quantized without one?); save one beside it or use "
                          "a checkpoint made by `lowbit quantize`, which keeps the tokenizer")
@@ -157,7 +163,7 @@ def run_ppl(args) -> int:
     if args.tp > 1:
         return _run_tp("ppl", args)
     dtype = _setup(args, args.dataset)
-    model, tok = _load(args.model, dtype, args.device)
+    model, tok = _load(args.model, dtype, args.device, args.kernel)
     results = [
         perplexity(model, tok, ds, sl, args.max_windows, args.batch_size or 1, not args.no_progress).to_dict()
         for sl in _seqlens(args, model) for ds in args.dataset
@@ -177,7 +183,7 @@ def run_zeroshot(args) -> int:
 
     tasks = list(TASKS) if args.tasks == ["all"] else [canonical_task(t) for t in args.tasks]
     dtype = _setup(args)
-    model, tok = _load(args.model, dtype, args.device)
+    model, tok = _load(args.model, dtype, args.device, args.kernel)
     results = [evaluate_task(model, tok, t, args.limit, args.batch_size or 16, not args.no_progress).to_dict() for t in tasks]
     return _finish(make_record("zeroshot", args.model, results, dtype=_ran_dtype(model), limit=args.limit,
                                argv=sys.argv[1:]), args)
@@ -194,7 +200,7 @@ def run_kl(args) -> int:
     dtype = _setup(args, args.dataset, ("json", "save-ref"))
     bs, prog = args.batch_size or 1, not args.no_progress
     if args.save_ref:
-        ref, tok = _load(args.ref, dtype, args.device)
+        ref, tok = _load(args.ref, dtype, args.device, args.kernel)
         (sl,), (ds,) = _seqlens(args, ref)[:1], args.dataset[:1]
         r = reference_topk(ref, tok, ds, sl, args.max_windows, bs, args.top_k, prog)
         r.save(args.save_ref)
@@ -205,8 +211,8 @@ def run_kl(args) -> int:
         from lowbit.models.loading import resolve
 
         resolve(args.ref)  # a missing reference fails before the model loads
-    model, tok = _load(args.model, dtype, args.device)
-    ref = ReferenceTopK.load(args.ref) if saved_ref else _load(args.ref, dtype, args.device)[0]
+    model, tok = _load(args.model, dtype, args.device, args.kernel)
+    ref = ReferenceTopK.load(args.ref) if saved_ref else _load(args.ref, dtype, args.device, args.kernel)[0]
     results = [
         kl_divergence(ref, model, tok, ds, sl, args.max_windows, bs, prog).to_dict()
         for sl in _seqlens(args, model) for ds in args.dataset

@@ -31,11 +31,12 @@ class LowbitLM(LM):
     """A lowbit model (default, HF id, directory, or lowbit checkpoint) behind the harness's LM API."""
 
     def __init__(self, model: str = "default", batch_size: int | str = 16, max_length: int | None = None,
-                 dtype: str = "float32", max_gen_toks: int = 256, progress: bool = True, **_ignored) -> None:
+                 dtype: str = "float32", max_gen_toks: int = 256, progress: bool = True, kernel: str | None = None,
+                 **_ignored) -> None:
         super().__init__()
         from lowbit.checkpoint import load_model
 
-        loaded, tok = load_model(model, dtype=getattr(torch, dtype))
+        loaded, tok = load_model(model, dtype=getattr(torch, dtype), kernel=kernel)  # kernel=reference: reference forward
         self._setup(loaded, tok, batch_size, max_length, max_gen_toks, progress)
 
     @classmethod

@@ -27,7 +27,7 @@ def checkpoint_folder(model: str) -> str:
 
 def check_quantized_world(path: str, world: int) -> None:
     """For a lowbit checkpoint: the rank count it was quantized for must be ``world``."""
-    from lowbit.checkpoint.load import is_quantized_dir, read_meta
+    from lowbit.checkpoint.opener import is_quantized_dir, read_meta
 
     from lowbit.parallel.shard_quantized import require_world
 
@@ -61,7 +61,7 @@ def eval_rank(rank: int, world: int, kind: str, model: str, allreduce: str, data
     tp_model = load_tp_shard(path, rank, world, make_reducer(allreduce))
     kw = dict(dataset=dataset, seqlen=seqlen, max_windows=max_windows, batch_size=batch_size)
     if kind == "kl" and rank == 0:
-        ref_model, _ = load_model(ref or model)
+        ref_model, _ = load_model(ref or model, kernel="reference")  # as the shards run: KL is the split alone
         res = kl_divergence(ref_model, tp_model, tok, progress=True, **kw).to_dict()
     else:
         res = perplexity(tp_model, tok, progress=rank == 0, **kw).to_dict()

@@ -66,7 +66,7 @@ def load_tp_shard(path: str | Path, rank: int, world: int, reduce: Callable[[tor
     """
     from transformers import AutoConfig
 
-    from lowbit.checkpoint.load import is_quantized_dir
+    from lowbit.checkpoint.opener import is_quantized_dir
 
     if is_quantized_dir(path):
         from lowbit.parallel.shard_quantized import load_tp_quantized_shard

@@ -18,10 +18,9 @@ import torch
 from torch import nn
 
 from lowbit.errors import CheckpointError
-from lowbit.checkpoint.load import open_checkpoint
-from lowbit.checkpoint.layout import rebuild
-from lowbit.io.safetensors_reader import CheckpointReader
-from lowbit.models.lazy import materialize_rest, meta_model
+from lowbit.checkpoint.load import skeleton
+from lowbit.checkpoint.opener import TensorFile, open_folder
+from lowbit.models.lazy import materialize_rest
 from lowbit.nn.quant_linear import QuantLinear, QuantLinearLayout
 
 from lowbit.parallel.layers import RowParallelLinear, column_linear
@@ -42,7 +41,7 @@ def _fill(mod: QuantLinear, name: str, read: Callable[[str, str], torch.Tensor])
     return mod
 
 
-def _column(reader: CheckpointReader, name: str, layouts: dict, select: Select, n_rows: int) -> nn.Module:
+def _column(reader: TensorFile, name: str, layouts: dict, select: Select, n_rows: int) -> nn.Module:
     """Output rows ``select`` of linear ``name``: packed when the checkpoint quantized it."""
     if name in layouts:
         lay = replace(QuantLinearLayout.from_dict(layouts[name]), out_features=n_rows)
@@ -51,7 +50,7 @@ def _column(reader: CheckpointReader, name: str, layouts: dict, select: Select, 
     return column_linear(select(name + ".weight").float().contiguous(), None if bias is None else bias.float())
 
 
-def _row(reader: CheckpointReader, name: str, layout: dict, rank: int, lo: int, hi: int,
+def _row(reader: TensorFile, name: str, layout: dict, rank: int, lo: int, hi: int,
          reduce: Callable) -> RowParallelLinear:
     """Input columns lo..hi-1 of row-parallel linear ``name``, its output all-reduced."""
     sharded = layout.get("row_sharded", {}).get(name)
@@ -70,7 +69,7 @@ def _row(reader: CheckpointReader, name: str, layout: dict, rank: int, lo: int, 
     return RowParallelLinear(column_linear(reader.cols(name + ".weight", lo, hi).float().contiguous(), None), bias, reduce)
 
 
-def _shard_layer(layer: nn.Module, prefix: str, reader: CheckpointReader, layout: dict, plan, rank: int,
+def _shard_layer(layer: nn.Module, prefix: str, reader: TensorFile, layout: dict, plan, rank: int,
                  reduce: Callable) -> None:
     a, hd = plan.attn[rank], plan.head_dim
     q, kv = list(a.q_heads), list(a.kv_heads)
@@ -97,20 +96,14 @@ def require_world(path, made_for: int, world: int) -> None:
 
 def load_tp_quantized_shard(path: str | Path, rank: int, world: int, reduce: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
     """This rank's shard of the lowbit checkpoint ``path`` (see :func:`lowbit.comm.tp.load_tp_shard`)."""
-    from transformers import AutoConfig
-
     from lowbit.nn.kv_cache import install_kv_quantization
 
     # every rank reads only its slices: the config's hash and the size are checked, not the tensors' full hash
-    meta, scheme, _ = open_checkpoint(path, sha256=False)
+    ck = open_folder(path, sha256=False)
+    scheme, config, reader, layout = ck.scheme, ck.config, ck.tensors, ck.layout
     require_world(path, scheme.tensor_parallel.world, world)
-    config = AutoConfig.from_pretrained(path)
     plan = make_plan(config, world)
-    reader = CheckpointReader(path)
-    layout = meta.get("layout", {})
-    model = meta_model(config, torch.float32)
-    with torch.device("meta"):
-        rebuild(model, layout)
+    model = skeleton(ck)
     for i, layer in enumerate(model.base_model.layers):
         _shard_layer(layer, f"model.layers.{i}.", reader, layout, plan, rank, reduce)
     materialize_rest(model, config, reader, torch.float32, path)

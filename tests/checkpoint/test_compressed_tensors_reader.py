@@ -65,7 +65,7 @@ def test_load_model_runs_a_compressed_tensors_checkpoint_on_quantlinear(tmp_path
     from transformers import AutoModelForCausalLM
 
     out = ct_checkpoint(tmp_path / key, SCHEMES[key])
-    ours, tok = load_model(str(out))
+    ours, tok = load_model(str(out), kernel="reference")  # the reader itself; the kernels: below
     theirs = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     mods = {n: m for n, m in ours.named_modules() if isinstance(m, QuantLinear)}
     assert len(mods) == 14 and tok is None  # 2 layers x 7 linears; lm_head stays float
@@ -86,6 +86,13 @@ def test_load_model_runs_a_compressed_tensors_checkpoint_on_quantlinear(tmp_path
         assert (a - b).abs().max() <= 0.05 * b.abs().max() and not torch.equal(a, b)
     else:
         assert all(m.act_args is None for m in mods.values()) and torch.equal(a, b)
+    # by default the same modules run the fast kernels, within tests/accelerate/test_linears.py's
+    # bounds of one linear (A8: 1e-4 of the output scale; A16: 2e-2, bf16 activations)
+    fast, _ = load_model(str(out))
+    assert not any(isinstance(m, QuantLinear) for m in fast.modules())
+    with torch.no_grad():
+        y = fast(IDS).logits
+    assert (y - a).abs().max() <= (1e-4 if key == "w8a8" else 2e-2) * a.abs().max()
     # and lowbit can keep it as its own checkpoint
     save_quantized(ours, tmp_path / "lowbit")
     again, _ = load_quantized(tmp_path / "lowbit")
