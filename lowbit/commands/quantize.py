@@ -96,7 +96,7 @@ def run(args) -> int:
     from lowbit.checkpoint import load_model
     from lowbit.models.adapters import get_adapter
     from lowbit.quantize import quantize_model
-    from lowbit.quantize.report import decoder_bytes
+    from lowbit.quantize.weight_bytes import decoder_bytes
 
     scheme = _checked_scheme(args)
     if args.threads:
