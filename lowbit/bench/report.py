@@ -1,13 +1,15 @@
-"""Benchmark output helpers: atomic CSV/JSON/PNG writes, byte-size formatting."""
+"""Benchmark output helpers: atomic CSV/PNG writes (JSON: the one writer, lowbit.io.atomic.write_json,
+importable from here too), byte-size formatting."""
 
 from __future__ import annotations
 
 import csv
 import io
-import json
 from pathlib import Path
 
-from lowbit.io.atomic import atomic_path, write_text
+from lowbit.io.atomic import atomic_path, write_json, write_text
+
+__all__ = ["atomic_write", "fmt_bytes", "save_figure", "write_csv", "write_json"]
 
 
 def fmt_bytes(n: float) -> str:
@@ -20,10 +22,6 @@ def fmt_bytes(n: float) -> str:
 
 def atomic_write(path: Path, text: str) -> None:
     write_text(path, text)
-
-
-def write_json(path: Path, obj) -> None:
-    atomic_write(path, json.dumps(obj, indent=2, default=str))
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:

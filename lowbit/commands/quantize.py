@@ -86,7 +86,6 @@ def _checked_scheme(args):
 def run(args) -> int:
     import json
     import time
-    from pathlib import Path
 
     import torch
     from rich.console import Console
@@ -97,7 +96,7 @@ def run(args) -> int:
     from lowbit.checkpoint import load_model
     from lowbit.models.adapters import get_adapter
     from lowbit.quantize import quantize_model
-    from lowbit.quantize.report import decoder_bytes
+    from lowbit.quantize.weight_bytes import decoder_bytes
 
     scheme = _checked_scheme(args)
     if args.threads:
@@ -127,22 +126,12 @@ def run(args) -> int:
         save_quantized(model, args.out, tok, extra={"calibration": {"samples": args.samples, "seqlen": args.seqlen}})
         console.print(f"saved to {args.out}")
     if args.eval_windows:
-        from lowbit.eval.kl import ReferenceTopK, kl_divergence, reference_topk
+        from lowbit.eval.float_comparison import compare_to_float, float_reference
 
         model.to(args.device)
-        if args.reference and Path(args.reference).is_file():
-            ref = ReferenceTopK.load(args.reference)
-        else:
-            ref_model, _ = load_model(args.model, device=args.device)
-            if args.reference:
-                ref = reference_topk(ref_model, tok, seqlen=args.eval_seqlen, max_windows=args.eval_windows, k=128)
-                ref.save(args.reference)
-            else:
-                ref = ref_model
-        r = kl_divergence(ref, model, tok, seqlen=args.eval_seqlen, max_windows=args.eval_windows)
-        result.update({"ref_ppl": r.ref_ppl, "ppl": r.ppl, "ratio": r.ppl / r.ref_ppl, "mean_kl": r.mean_kl,
-                       "top1_agreement": r.top1_agreement, "kl_method": r.method, "eval_windows": r.n_windows,
-                       "eval_seqlen": args.eval_seqlen, "eval_tokens": r.n_tokens})
+        window = dict(seqlen=args.eval_seqlen, max_windows=args.eval_windows)
+        ref = float_reference(args.reference, lambda: load_model(args.model, device=args.device)[0], tok, **window)
+        result.update(compare_to_float(ref, model, tok, **window))
     result["wall_seconds"] = round(time.perf_counter() - t0, 1)
     table = Table(title=f"{args.model}: float vs {scheme.name}")
     table.add_column("")

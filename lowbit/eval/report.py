@@ -35,12 +35,10 @@ def make_record(kind: str, model: str, results: list[dict], **info) -> dict:
 
 
 def save_json(record: dict, path: str | os.PathLike) -> None:
-    """Write ``record`` as JSON atomically (temp file in the same folder, then replace)."""
-    from lowbit.io.atomic import atomic_path
+    """Write ``record`` as JSON atomically (lowbit's one JSON writer)."""
+    from lowbit.io.atomic import write_json
 
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=2)
-        f.write("\n")
+    write_json(path, record)
 
 
 def load_json(path: str | os.PathLike) -> dict:

@@ -26,10 +26,20 @@ def atomic_path(path: str | os.PathLike):
         raise
 
 
+def json_value(obj):
+    """What JSON cannot hold as is: a number-like object (numpy or 0-d torch scalar) as a float,
+    anything else (a path, a dtype) as its string."""
+    try:
+        return float(obj)
+    except (TypeError, ValueError):
+        return str(obj)
+
+
 def write_json(path: str | os.PathLike, obj) -> None:
+    """The one JSON writer: indented, newline-terminated, atomic; odd values via :func:`json_value`."""
     with atomic_path(path) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, default=float)
+            json.dump(obj, f, indent=2, default=json_value)
             f.write("\n")
 
 

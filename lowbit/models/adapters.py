@@ -1,8 +1,7 @@
-"""Architecture adapters: where a Llama-like decoder keeps its layers, norms and linears, and
-which linears read the same input (so they share one channel permutation).
-
-Supported: Llama, Mistral, Qwen2, Qwen3, Gemma (norm weight used as ``1 + w``) and Mixtral
-(experts unfused into one linear pair each, see :mod:`lowbit.nn.experts`).
+"""Architecture adapters: the quantizer's view of a decoder described in
+:mod:`lowbit.models.architectures`: its layers, and which linears read the same input (so they
+share one channel permutation). MoE experts are unfused into one linear pair each
+(:mod:`lowbit.nn.experts`).
 """
 
 from __future__ import annotations
@@ -11,9 +10,11 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from .architectures import Architecture, UnsupportedArchitectureError, architecture
+from .module_paths import get_path, set_path
 
-class UnsupportedArchitectureError(ValueError):
-    """The model is not a Llama-like decoder that lowbit knows how to quantize."""
+__all__ = ["Adapter", "InputGroup", "UnsupportedArchitectureError", "check_supported", "get_adapter",
+           "get_path", "set_path"]
 
 
 @dataclass
@@ -30,26 +31,25 @@ class InputGroup:
     extra: list[str] = field(default_factory=list)
 
 
-DENSE = {"llama", "mistral", "qwen2", "qwen3", "gemma"}
-MOE = {"mixtral"}
-NORM_OFFSET = {"gemma": 1.0}
-
-
 @dataclass
 class Adapter:
-    model_type: str
+    arch: Architecture
+
+    @property
+    def model_type(self) -> str:
+        return self.arch.model_type
 
     @property
     def norm_offset(self) -> float:
         """Norms compute ``x̂ · (offset + w)`` (Gemma: 1)."""
-        return NORM_OFFSET.get(self.model_type, 0.0)
+        return self.arch.norm_offset
 
     @property
     def is_moe(self) -> bool:
-        return self.model_type in MOE
+        return self.arch.is_moe
 
     def layers(self, model: nn.Module) -> nn.ModuleList:
-        return model.model.layers
+        return get_path(model, self.arch.layers)
 
     def prepare(self, model: nn.Module) -> None:
         """Unfuse MoE experts into per-expert linears (same computation)."""
@@ -57,50 +57,35 @@ class Adapter:
             return
         from lowbit.nn.experts import UnfusedExperts
 
+        parent = self.arch.experts.experts.rpartition(".")[0]
         for layer in self.layers(model):
-            if not isinstance(layer.mlp.experts, UnfusedExperts):
-                layer.mlp.experts = UnfusedExperts.from_fused(layer.mlp.experts)
+            fused = get_path(layer, parent)
+            if not isinstance(fused, UnfusedExperts):
+                set_path(layer, parent, UnfusedExperts.from_fused(fused))
 
     def groups(self, layer: nn.Module) -> list[InputGroup]:
-        attn = [InputGroup(["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], "input_layernorm"),
-                InputGroup(["self_attn.o_proj"])]
+        a = self.arch
+        attn = [InputGroup(list(a.attention), a.input_norm), InputGroup([a.attention_out])]
         if not self.is_moe:
-            return attn + [InputGroup(["mlp.gate_proj", "mlp.up_proj"], "post_attention_layernorm"),
-                           InputGroup(["mlp.down_proj"])]
-        n = len(layer.mlp.experts.experts)
-        ups = [f"mlp.experts.experts.{e}.gate_up_proj" for e in range(n)]
-        downs = [InputGroup([f"mlp.experts.experts.{e}.down_proj"]) for e in range(n)]
-        return attn + [InputGroup(ups, "post_attention_layernorm", extra=["mlp.gate.weight"])] + downs
+            return attn + [InputGroup(list(a.mlp_in), a.post_attention_norm), InputGroup([a.mlp_out])]
+        ex = a.experts
+        n = len(get_path(layer, ex.experts))
+        ups = [f"{ex.experts}.{e}.{ex.gate_up}" for e in range(n)]
+        downs = [InputGroup([f"{ex.experts}.{e}.{ex.down}"]) for e in range(n)]
+        return attn + [InputGroup(ups, a.post_attention_norm, extra=[ex.router])] + downs
 
 
 def check_supported(model_type: str | None) -> None:
     """Raise :class:`UnsupportedArchitectureError` unless lowbit can quantize ``model_type``."""
-    if model_type not in DENSE | MOE:
-        raise UnsupportedArchitectureError(
-            f"lowbit quantize supports Llama-like decoders ({', '.join(sorted(DENSE | MOE))}); got model_type={model_type!r}"
-        )
+    architecture(model_type)
 
 
 def get_adapter(model: nn.Module) -> Adapter:
     config = getattr(model, "config", None)
-    mt = getattr(config, "model_type", None)
-    check_supported(mt)
-    if not hasattr(model, "model") or not hasattr(model.model, "layers"):
-        raise UnsupportedArchitectureError(f"{type(model).__name__} has no model.layers; is it a *ForCausalLM model?")
-    return Adapter(mt)
-
-
-def get_path(root: nn.Module, path: str):
-    obj = root
-    for part in path.split("."):
-        obj = getattr(obj, part) if not part.isdigit() else obj[int(part)]
-    return obj
-
-
-def set_path(root: nn.Module, path: str, value) -> None:
-    parent, _, name = path.rpartition(".")
-    obj = get_path(root, parent) if parent else root
-    if name.isdigit():
-        obj[int(name)] = value
-    else:
-        setattr(obj, name, value)
+    arch = architecture(getattr(config, "model_type", None))
+    try:
+        get_path(model, arch.layers)
+    except (AttributeError, IndexError):
+        raise UnsupportedArchitectureError(
+            f"{type(model).__name__} has no {arch.layers}; is it a *ForCausalLM model?") from None
+    return Adapter(arch)

@@ -16,6 +16,8 @@ from torch import nn
 
 from lowbit.io.safetensors_reader import CheckpointReader
 
+from .module_paths import set_path
+
 
 def meta_model(config, dtype: torch.dtype) -> nn.Module:
     from transformers import AutoModelForCausalLM
@@ -54,9 +56,7 @@ def materialize_rest(model: nn.Module, config, reader: CheckpointReader, dtype: 
     # non-persistent buffers: rotary frequencies (rebuilt on the CPU) and Gemma's embedding scale
     for mod_name, mod in list(model.named_modules()):
         if hasattr(mod, "inv_freq") and mod.inv_freq.is_meta and wanted(mod_name):
-            parent_name, _, attr = mod_name.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, attr, type(mod)(config=config))
+            set_path(model, mod_name, type(mod)(config=config))
         if hasattr(mod, "scalar_embed_scale") and mod.embed_scale.is_meta:
             mod.embed_scale = torch.tensor(float(mod.scalar_embed_scale), dtype=dtype)
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta and wanted(n)]

@@ -28,8 +28,10 @@ class ModelNotFoundError(LowbitError, FileNotFoundError):
     """The requested model (or the package that ships it) is not available."""
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("LOWBIT_CACHE", Path.home() / ".cache" / "lowbit"))
+def converted_models_dir() -> Path:
+    """Where GGUF models converted to safetensors are kept (``$LOWBIT_CACHE/models``); built
+    native libraries have their own folder (:func:`lowbit.native.cache.library_dir`)."""
+    return Path(os.environ.get("LOWBIT_CACHE", Path.home() / ".cache" / "lowbit")) / "models"
 
 
 def default_gguf_path() -> Path:
@@ -48,7 +50,7 @@ def default_gguf_path() -> Path:
 def _default_cached_dir() -> Path:
     """The default model's float checkpoint, converted from its GGUF once."""
     gguf = default_gguf_path()
-    return _converted(gguf, cache_dir() / "models" / f"smollm2-135m-instruct-{gguf.stat().st_size}")
+    return _converted(gguf, converted_models_dir() / f"smollm2-135m-instruct-{gguf.stat().st_size}")
 
 
 def gguf_cached_dir(gguf: Path) -> Path:
@@ -58,7 +60,7 @@ def gguf_cached_dir(gguf: Path) -> Path:
 
     st = gguf.stat()
     key = hashlib.sha256(f"{gguf.resolve()}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    return _converted(gguf, cache_dir() / "models" / f"gguf-{gguf.stem}-{key}")
+    return _converted(gguf, converted_models_dir() / f"gguf-{gguf.stem}-{key}")
 
 
 def _converted(gguf: Path, target: Path) -> Path:

@@ -13,17 +13,19 @@ The rule (checked before any rank starts):
 
 Uneven shares are exact: the row-parallel partial sums just cover different numbers of terms.
 A split is impossible (clear ``TPSplitError``) when a rank would get no query head or no MLP row,
-or when the architecture is not one we know how to shard.
+or when the architecture (:mod:`lowbit.models.architectures`) says what tensor parallelism lacks for it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-SUPPORTED_TYPES = ("llama", "qwen2", "mistral", "gemma")
+from lowbit.errors import LowbitError
+
+from .architectures import architecture, tp_types
 
 
-class TPSplitError(ValueError):
+class TPSplitError(LowbitError, ValueError):
     """The model cannot be split across the requested number of ranks."""
 
 
@@ -93,8 +95,10 @@ class TPPlan:
 def make_plan(config, world: int) -> TPPlan:
     """Check that ``config`` (a transformers config) can be split over ``world`` ranks; the plan."""
     mt = getattr(config, "model_type", None)
-    if mt not in SUPPORTED_TYPES:
-        raise TPSplitError(f"tensor parallelism supports {', '.join(SUPPORTED_TYPES)} models, not {mt!r}")
+    arch = architecture(mt)  # UnsupportedArchitectureError for a model type lowbit does not know
+    if arch.tp_missing:
+        raise TPSplitError(f"tensor parallelism supports {', '.join(tp_types())} models, not model_type={mt!r}: "
+                           f"{arch.tp_missing}")
     n_heads = config.num_attention_heads
     n_kv = getattr(config, "num_key_value_heads", None) or n_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
@@ -108,7 +112,8 @@ def row_parallel_splits(config, world: int) -> dict[str, list[int]]:
     """Input widths of each rank's slice of the row-parallel linears (paths inside a decoder
     layer): what TP-aware quantization keeps local to each rank."""
     plan = make_plan(config, world)
+    attention_out, mlp_out = architecture(config.model_type).row_parallel()
     return {
-        "self_attn.o_proj": [len(a.q_heads) * plan.head_dim for a in plan.attn],
-        "mlp.down_proj": [hi - lo for lo, hi in plan.mlp],
+        attention_out: [len(a.q_heads) * plan.head_dim for a in plan.attn],
+        mlp_out: [hi - lo for lo, hi in plan.mlp],
     }

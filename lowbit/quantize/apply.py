@@ -1,9 +1,12 @@
 """``quantize_model(model, scheme, calib_ids)``: one call applies a scheme, layer by layer.
 
 For every decoder layer: collect input statistics of its linears (float layer, inputs coming
-from the already-quantized layers before it), fold smoothing scales and the outlier
-permutation into the graph, quantize each linear (GPTQ or RTN) into a packed
-:class:`~lowbit.nn.QuantLinear`, then run the *quantized* layer to make the next layer's inputs.
+from the already-quantized layers before it), then for each group of linears reading one input,
+in named steps: float target (``float_target.aim_at_float_outputs``), TP row shards
+(``row_shards``), smoothing (``smooth.smooth_group``), the outlier permutation
+(``outliers.permute_group_input``), GPTQ/RTN into packed QuantLinears
+(``replace_linears.replace_group_linears``); then run the *quantized* layer to make the next
+layer's inputs. Which steps run is decided once, in ``recipe_steps.RecipeSteps``.
 
 Options of GPTQ (both off in the presets; measured in the README): ``true_sequential`` collects
 statistics stage by stage inside a layer (q/k/v, o_proj, gate/up, down_proj), each from the
@@ -22,19 +25,18 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from lowbit.models.adapters import Adapter, InputGroup, get_adapter, get_path, set_path
+from lowbit.formats.scheme import Scheme
+from lowbit.models.adapters import Adapter, InputGroup, get_adapter, get_path
 from lowbit.nn.kv_cache import PackedKVCache, install_kv_quantization
-from lowbit.nn.permuted_norm import PermutedNorm
-from lowbit.nn.quant_linear import QuantLinear
 
 from .calibrate import InputStats, capture_layer_inputs, capture_linear_inputs, collect_stats, run_layer
-from .float_target import float_target_weight
+from .float_target import aim_at_float_outputs
 from .head import quantize_head
-from .outliers import outlier_permutation
-from lowbit.formats.scheme import Scheme
-from .smooth import fold_into_norm, smooth_scales
+from .outliers import outlier_permutation, permute_group_input
+from .recipe_steps import RecipeSteps
+from .replace_linears import replace_group_linears
 from .row_shards import quantize_row_sharded, tp_splits
-from .weights import quantize_weights
+from .smooth import smooth_group
 
 
 @dataclass
@@ -68,62 +70,70 @@ def quantize_model(model: nn.Module, scheme: Scheme, calib_ids: torch.Tensor | N
     adapter = get_adapter(model)
     if load_layer is not None and adapter.is_moe:
         raise ValueError("quantizing from disk supports dense models; load a mixture-of-experts model whole")
-    needs_linears = scheme.weights.enabled or scheme.activations.enabled or permute_only
-    _check_ids(calib_ids, needs_linears)
+    steps = RecipeSteps.of(scheme, permute_only)
+    _check_ids(calib_ids, steps.needs_linear_stats)
     t0 = time.perf_counter()
     splits = tp_splits(model, scheme, adapter.is_moe)
     adapter.prepare(model)
     report = QuantizeReport(scheme, 0 if calib_ids is None else calib_ids.shape[0],
                             0 if calib_ids is None else calib_ids.shape[1], 0.0, 0)
     layers = adapter.layers(model)
-    if needs_linears:
+    if steps.needs_linear_stats:
         orig_device = next(model.parameters()).device
         _to_device(model, device)
-        inputs, kwargs = capture_layer_inputs(model, layers, calib_ids, device, batch_size)
-        make_cache = None
-        if scheme.kv_cache.enabled and not permute_only:
-            make_cache = lambda: PackedKVCache(model.config, scheme.kv_cache.bits, scheme.kv_cache.symmetric)  # noqa: E731
-        float_target = scheme.gptq.enabled and scheme.gptq.float_target and not permute_only
-        if float_target and adapter.is_moe:
-            raise ValueError("gptq.float_target needs the same tokens in the float and quantized model; "
-                             "a mixture of experts routes them differently (use it on dense models)")
-        finputs = inputs if float_target else None
-        for i, layer in enumerate(tqdm(layers, desc=f"quantize {scheme.name}", disable=not progress)):
-            if load_layer is not None:
-                load_layer(i, layer, device)
-            flayer = copy.deepcopy(layer) if float_target else None
-            groups = adapter.groups(layer)
-            sequential = scheme.gptq.enabled and scheme.gptq.true_sequential and not permute_only
-            for stage in (_stages(groups) if sequential else [groups]):
-                names = [n for g in stage for n in g.linears]
-                shared = [g.linears for g in stage if g.norm is not None and not adapter.is_moe]
-                targets = None
-                if float_target:
-                    heads = [g.linears[0] for g in stage]
-                    targets = capture_linear_inputs(flayer, heads, finputs, kwargs)
-                stats = collect_stats(layer, names, inputs, kwargs, shared=shared, targets=targets, stop_early=sequential,
-                                      make_cache=make_cache if sequential else None)
-                for g in stage:
-                    perm = _quantize_group(layer, adapter, g, stats, scheme, permute_only, splits)
-                    if perm is not None:
-                        report.permutations[f"layers.{i}.{g.linears[0]}"] = perm.tolist()
-                del stats, targets
-            inputs = run_layer(layer, inputs, kwargs, make_cache)
-            if float_target:
-                finputs = run_layer(flayer, finputs, kwargs)
-                del flayer
+        _quantize_layers(model, adapter, layers, scheme, steps, splits, calib_ids, device, batch_size, progress,
+                         load_layer, report)
         model.to(orig_device)
         report.layers = len(layers)
     elif load_layer is not None:  # nothing to calibrate (a KV-cache-only scheme): just load the layers
         for i, layer in enumerate(layers):
             load_layer(i, layer, "cpu")
-    if scheme.lm_head.enabled and not permute_only:
+    if steps.lm_head:
         quantize_head(model, scheme.lm_head)
-    if scheme.kv_cache.enabled and not permute_only:
+    if steps.kv_cache:
         install_kv_quantization(model, scheme.kv_cache.bits, scheme.kv_cache.symmetric)
     model.lowbit_scheme = scheme
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _quantize_layers(model: nn.Module, adapter: Adapter, layers: nn.ModuleList, scheme: Scheme, steps: RecipeSteps,
+                     splits: dict[str, list[int]], calib_ids: torch.Tensor, device: str, batch_size: int,
+                     progress: bool, load_layer, report: QuantizeReport) -> None:
+    """Layer by layer: statistics (per stage when true-sequential), each group quantized, then the
+    quantized layer run to make the next layer's inputs (and the float copy, for float targets)."""
+    inputs, kwargs = capture_layer_inputs(model, layers, calib_ids, device, batch_size)
+    make_cache = None
+    if steps.kv_cache:
+        make_cache = lambda: PackedKVCache(model.config, scheme.kv_cache.bits, scheme.kv_cache.symmetric)  # noqa: E731
+    if steps.float_target and adapter.is_moe:
+        raise ValueError("gptq.float_target needs the same tokens in the float and quantized model; "
+                         "a mixture of experts routes them differently (use it on dense models)")
+    finputs = inputs if steps.float_target else None
+    for i, layer in enumerate(tqdm(layers, desc=f"quantize {scheme.name}", disable=not progress)):
+        if load_layer is not None:
+            load_layer(i, layer, device)
+        flayer = copy.deepcopy(layer) if steps.float_target else None
+        groups = adapter.groups(layer)
+        sequential = steps.true_sequential
+        for stage in (_stages(groups) if sequential else [groups]):
+            names = [n for g in stage for n in g.linears]
+            shared = [g.linears for g in stage if g.norm is not None and not adapter.is_moe]
+            targets = None
+            if steps.float_target:
+                heads = [g.linears[0] for g in stage]
+                targets = capture_linear_inputs(flayer, heads, finputs, kwargs)
+            stats = collect_stats(layer, names, inputs, kwargs, shared=shared, targets=targets, stop_early=sequential,
+                                  make_cache=make_cache if sequential else None)
+            for g in stage:
+                perm = _quantize_group(layer, adapter, g, stats, scheme, steps, splits)
+                if perm is not None:
+                    report.permutations[f"layers.{i}.{g.linears[0]}"] = perm.tolist()
+            del stats, targets
+        inputs = run_layer(layer, inputs, kwargs, make_cache)
+        if steps.float_target:
+            finputs = run_layer(flayer, finputs, kwargs)
+            del flayer
 
 
 def _to_device(model: nn.Module, device: str) -> None:
@@ -158,52 +168,27 @@ def _stages(groups: list[InputGroup]) -> list[list[InputGroup]]:
 
 
 def _quantize_group(layer: nn.Module, adapter: Adapter, group: InputGroup, stats: dict[str, InputStats],
-                    scheme: Scheme, permute_only: bool, splits: dict[str, list[int]]) -> torch.Tensor | None:
+                    scheme: Scheme, steps: RecipeSteps, splits: dict[str, list[int]]) -> torch.Tensor | None:
+    """One input group, step by step: float target, (TP row shards), smoothing, outlier
+    permutation, GPTQ/RTN into QuantLinears. Returns the group's permutation (None: none)."""
     mods = [get_path(layer, p) for p in group.linears]
     members = [stats[p] for p in group.linears]
-    n_in = mods[0].in_features
-    if not permute_only and scheme.gptq.enabled and scheme.gptq.float_target:
-        with torch.no_grad():
-            for m, st in zip(mods, members):
-                m.weight.copy_(float_target_weight(m.weight.float(), st.xtx, st.cross, scheme.gptq.damp).to(m.weight.dtype))
+    if steps.float_target:
+        aim_at_float_outputs(mods, members, scheme.gptq.damp)
     xtx = [s.xtx.clone() for s in members]
     if group.norm is None and len(mods) == 1 and group.linears[0] in splits:
-        return quantize_row_sharded(layer, group.linears[0], mods[0], xtx[0], splits[group.linears[0]], scheme, permute_only)
+        return quantize_row_sharded(layer, group.linears[0], mods[0], xtx[0], splits[group.linears[0]], scheme, steps)
     sqsum = torch.stack([torch.diag(h) for h in xtx]).sum(0)
-    if not permute_only and scheme.smooth.enabled and group.norm is not None:
-        amax = torch.stack([s.amax for s in members]).amax(0)
-        s = smooth_scales(amax, [m.weight for m in mods], scheme.smooth.alpha)
-        fold_into_norm(get_path(layer, group.norm).weight, s, adapter.norm_offset)
-        with torch.no_grad():
-            for m in mods:
-                m.weight.mul_(s[None, :].to(m.weight.dtype))
-            for p in group.extra:
-                get_path(layer, p).mul_(s[None, :])
-        xtx = [h / s[:, None] / s[None, :] for h in xtx]
-        sqsum = sqsum / s.pow(2)
-    k = scheme.outliers.k_for(n_in)
+    if steps.smooth and group.norm is not None:
+        xtx, sqsum = smooth_group(layer, group, mods, [s.amax for s in members], xtx, sqsum, scheme.smooth.alpha,
+                                  adapter.norm_offset)
+    k = scheme.outliers.k_for(mods[0].in_features)
     perm = outlier_permutation(sqsum, k) if k else None
     input_perm = None
     if perm is not None:
-        if group.norm is not None:
-            set_path(layer, group.norm, PermutedNorm(get_path(layer, group.norm), perm))
-            with torch.no_grad():
-                for p in group.extra:
-                    w = get_path(layer, p)
-                    w.copy_(w[:, perm])
-        else:
-            input_perm = perm
+        input_perm = permute_group_input(layer, group, perm)
         xtx = [h[perm][:, perm] for h in xtx]
     weights = [m.weight.detach().float() if perm is None else m.weight.detach().float()[:, perm] for m in mods]
-    quantized = quantize_weights(weights, xtx, scheme, k, shared_input=group.norm is not None and not adapter.is_moe) \
-        if scheme.weights.enabled and not permute_only else [None] * len(mods)
-    for path, m, w, qw in zip(group.linears, mods, weights, quantized):
-        if permute_only or not scheme.weights.enabled:
-            if not permute_only and not scheme.activations.enabled:
-                continue
-            act = None if permute_only else scheme.activations
-            new = QuantLinear.from_float(w, act, input_perm, m.bias, k, scheme.outliers.precision)
-        else:
-            new = QuantLinear.from_quantized(qw, scheme.activations, input_perm, m.bias, scheme.outliers.precision)
-        set_path(layer, path, new)
+    replace_group_linears(layer, group.linears, mods, weights, xtx, scheme, steps, k, input_perm,
+                          shared_input=group.norm is not None and not adapter.is_moe)
     return perm

@@ -39,3 +39,11 @@ def float_target_weight(w: torch.Tensor, xtx_q: torch.Tensor, cross: torch.Tenso
     rhs = cross.double() @ wt + lam * wt
     sol = torch.cholesky_solve(rhs, torch.linalg.cholesky(h))
     return sol.t().to(w.dtype)
+
+
+def aim_at_float_outputs(linears: list, stats: list, damp: float) -> None:
+    """Move each linear's float weight to ``W*`` in place (``stats[i]``: its InputStats with
+    ``xtx`` and ``cross``), so the GPTQ that follows aims at the float model's outputs."""
+    with torch.no_grad():
+        for m, st in zip(linears, stats):
+            m.weight.copy_(float_target_weight(m.weight.float(), st.xtx, st.cross, damp).to(m.weight.dtype))

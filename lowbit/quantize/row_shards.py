@@ -13,12 +13,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lowbit.models.adapters import set_path
+from lowbit.formats.scheme import Scheme
+from lowbit.models.module_paths import set_path
 from lowbit.nn.quant_linear import QuantLinear
 from lowbit.nn.row_sharded import RowShardedLinear
 
 from .outliers import outlier_permutation
-from lowbit.formats.scheme import Scheme
+from .recipe_steps import RecipeSteps
 from .weights import quantize_weights
 
 
@@ -40,9 +41,9 @@ def shard_outliers(k: int, n_in: int, width: int) -> int:
 
 
 def quantize_row_sharded(layer: nn.Module, path: str, mod: nn.Linear, xtx: torch.Tensor, splits: list[int],
-                         scheme: Scheme, permute_only: bool) -> torch.Tensor | None:
+                         scheme: Scheme, steps: RecipeSteps) -> torch.Tensor | None:
     """Replace ``layer.<path>`` by a :class:`RowShardedLinear`; the (block-diagonal) permutation."""
-    if not permute_only and not scheme.weights.enabled and not scheme.activations.enabled:
+    if not steps.replace_linears:
         return None
     n_in = mod.in_features
     if sum(splits) != n_in:
@@ -57,11 +58,11 @@ def quantize_row_sharded(layer: nn.Module, path: str, mod: nn.Linear, xtx: torch
         perm = outlier_permutation(torch.diag(h), ks) if k else None
         if perm is not None:
             w, h = w[:, perm], h[perm][:, perm]
-        if scheme.weights.enabled and not permute_only:
+        if steps.quantize_weights:
             qw = quantize_weights([w], [h], scheme, ks, shared_input=False)[0]
             parts.append(QuantLinear.from_quantized(qw, scheme.activations, perm, None, prec))
         else:
-            parts.append(QuantLinear.from_float(w, None if permute_only else scheme.activations, perm, None, ks, prec))
+            parts.append(QuantLinear.from_float(w, steps.activations, perm, None, ks, prec))
         perms.append(lo + (perm if perm is not None else torch.arange(width, device=w.device)))
         lo = hi
     set_path(layer, path, RowShardedLinear(parts, splits, mod.out_features, mod.bias))

@@ -139,21 +139,6 @@ def test_refuses_fp4_with_fp16_scales(tmp_path):
     assert "weights.format='fp4'" in msg and "NVFP4" in msg
 
 
-def test_cli_checks_the_output_before_work_and_exports(tmp_path, capsys):
-    from lowbit.cli import main
-    from lowbit.checkpoint import save_quantized
-
-    save_quantized(_quantized("w8a8", []), tmp_path / "ckpt")
-    (tmp_path / "taken").mkdir()
-    (tmp_path / "taken" / "x").write_text("mine")
-    assert main(["export", str(tmp_path / "ckpt"), "--out", str(tmp_path / "taken")]) == 2
-    err = capsys.readouterr().err  # one line through lowbit's error path
-    assert err.startswith("lowbit: error: ") and "refusing to overwrite" in err and err.count("\n") == 1
-    assert main(["export", str(tmp_path / "ckpt"), "--format", "compressed-tensors", "--out", str(tmp_path / "ct")]) == 0
-    assert {p.name for p in (tmp_path / "ct").iterdir()} == {"config.json", "model.safetensors"}
-    assert (tmp_path / "taken" / "x").read_text() == "mine"
-
-
 def test_out_that_is_a_file_is_refused_before_work(tmp_path):
     from lowbit.export.writer import check_out_dir
     from lowbit.io.outputs import OutputPathError

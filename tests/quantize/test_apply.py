@@ -5,7 +5,7 @@ from lowbit.models.adapters import UnsupportedArchitectureError
 from tests.tiny_models import TINY_ARCHS, tiny_model
 from lowbit.nn import PermutedNorm, QuantLinear
 from lowbit.quantize import PRESETS, get_scheme, quantize_model
-from lowbit.quantize.report import decoder_bytes
+from lowbit.quantize.weight_bytes import decoder_bytes
 
 IDS = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
 TEST = torch.randint(0, 128, (2, 20), generator=torch.Generator().manual_seed(1))

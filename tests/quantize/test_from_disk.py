@@ -48,7 +48,7 @@ def test_from_disk_refuses_what_it_cannot_do(tmp_path, folder):
 def test_decoder_bytes_of_a_model_still_on_disk(folder):
     from transformers import AutoModelForCausalLM
 
-    from lowbit.quantize.report import decoder_bytes
+    from lowbit.quantize.weight_bytes import decoder_bytes
 
     lazy, _ = open_from_disk(folder)
     assert decoder_bytes(lazy) == decoder_bytes(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32))

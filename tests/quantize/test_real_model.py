@@ -7,7 +7,7 @@ import torch
 from lowbit.data import calibration_ids
 from lowbit.checkpoint import load_model
 from lowbit.quantize import get_scheme, quantize_model
-from lowbit.quantize.report import decoder_bytes
+from lowbit.quantize.weight_bytes import decoder_bytes
 
 pytestmark = pytest.mark.model
 LAYERS = 6

@@ -1,0 +1,26 @@
+"""``lowbit env``: the CPU, the native libraries and the kernel each kind runs, as JSON; a bad
+``LOWBIT_ISA`` override is one error line."""
+
+import json
+
+from lowbit.cli import main
+
+
+def test_env_reports_cpu_libraries_and_kernels(tmp_path, capsys):
+    assert main(["env", "--json", str(tmp_path / "env.json")]) == 0
+    rep = json.loads((tmp_path / "env.json").read_text())
+    assert rep["cpu"]["model"] in capsys.readouterr().out
+    assert {lib["name"] for lib in rep["native"]} == {"all-reduce codecs", "4-bit linear", "8-bit linear", "decode ops"}
+    assert set(rep["kernels"]) == {"w4a16", "w8a16", "w8a8", "w4a4"}
+    # a kind runs the native kernel exactly where its library built
+    w4 = next(lib["built"] for lib in rep["native"] if lib["name"] == "4-bit linear")
+    assert (rep["kernels"]["w4a16"] == "cpu:native") == w4
+
+
+def test_a_bad_override_is_one_cli_line(monkeypatch, capsys):
+    from lowbit.cli import main
+
+    monkeypatch.setenv("LOWBIT_ISA", "avx9")
+    assert main(["env"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lowbit: error: LOWBIT_ISA='avx9' is not a variant") and err.count("\n") == 1
