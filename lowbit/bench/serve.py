@@ -28,12 +28,12 @@ def _lowbit_model(base, quantized, fmt: str, kernel, native: bool):
     if quantized is None:  # bf16
         model = copy.deepcopy(base)
         if native:
-            use_native_ops(model)
+            dict(use_native_ops(model))
         return model.to(torch.bfloat16).eval()
     model = quantized
     counts = dict(accelerate(model, kernel))
     if native:
-        use_native_ops(model)
+        dict(use_native_ops(model))
     if model.lowbit_scheme.activations.bits >= 16 and not counts.get("kept_reference"):
         model.to(dtype=torch.bfloat16)  # weight-only: the rest in bf16, as in the BF16 baseline
     return model.eval()
@@ -72,7 +72,7 @@ def _time_vllm(folder: Path, prompts, args) -> tuple[list[dict], dict]:
     from .vllm_engine import run_worker
 
     req = {"model": str(folder), "dtype": "bfloat16", "max_model_len": args.prompt + args.new + 8,
-           "max_num_seqs": max(args.batches), "threads": args.threads or None,
+           "max_num_seqs": max(args.batches), "compile": not args.eager, "threads": args.threads or None,
            "jobs": [{"kind": "throughput", "prompts": prompts.tolist(), "batches": list(args.batches),
                      "new": args.new, "repeats": args.repeats}]}
     res = run_worker(req, timeout=args.timeout)
@@ -140,7 +140,8 @@ def run(args) -> int:
         r["vs_vllm_bf16"] = r["gen_tok_s"] / ref[r["batch"]]
     rows.sort(key=lambda r: (r["batch"], r["engine"], formats.index(r["format"])))
     table = Table(title=f"serve, {args.model}, prompt {args.prompt} + {args.new} new tokens, "
-                        f"median of {args.repeats}, generation tok/s (prefill included)")
+                        f"median of {args.repeats}, generation tok/s (prefill included)"
+                        f"{', vLLM eager' if args.eager else ''}")
     for c in ("batch", "engine", "format", "gen tok/s", "vs vLLM bf16"):
         table.add_column(c, justify="right")
     for r in rows:

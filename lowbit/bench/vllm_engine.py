@@ -15,7 +15,8 @@ from pathlib import Path
 from lowbit.errors import LowbitError
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
-REPO_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+REPO_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
+STAMP = ".lowbit-vllm-installed"  # written by scripts/venv_vllm.sh once the whole install succeeded
 
 
 class VLLMUnavailable(LowbitError, RuntimeError):
@@ -37,15 +38,17 @@ def _has_vllm(python: str) -> bool:
 def find_python() -> str:
     """The interpreter that runs vLLM: ``LOWBIT_VLLM_PYTHON``, else ``.venv-vllm``, else this one."""
     env = os.environ.get("LOWBIT_VLLM_PYTHON")
-    tried = []
-    for cand in ([env] if env else []) + [str(REPO_VENV), sys.executable]:
-        if cand in tried:
-            continue
-        tried.append(cand)
-        if Path(cand).exists() and _has_vllm(cand):
-            return cand
-        if env and cand == env:
+    if env:
+        if not _has_vllm(env):
             raise VLLMUnavailable(f"LOWBIT_VLLM_PYTHON={env} cannot import vllm")
+        return env
+    if (REPO_VENV / STAMP).exists() and _has_vllm(str(REPO_VENV / "bin" / "python")):
+        return str(REPO_VENV / "bin" / "python")
+    if _has_vllm(sys.executable):
+        return sys.executable
+    state = ("does not exist" if not REPO_VENV.exists() else "is incomplete (no install stamp)"
+             if not (REPO_VENV / STAMP).exists() else "cannot import vllm")
+    tried = [f"{REPO_VENV} ({state})", sys.executable]
     raise VLLMUnavailable("vLLM is not installed: tried " + ", ".join(tried)
                           + "; run `bash scripts/venv_vllm.sh` (makes .venv-vllm, ~10 min, ~3.5 GB)")
 

@@ -149,6 +149,8 @@ def _serve(kinds) -> None:
     p.add_argument("--kernel", default=None, choices=["auto", "reference", "cpu", "triton"])
     p.add_argument("--threads", type=nonneg_int, default=0, help="threads of both engines (0 = leave as is)")
     p.add_argument("--stock-ops", action="store_true", help="lowbit's side: PyTorch's norms, rotary and attention")
+    p.add_argument("--eager", action="store_true",
+                   help="vLLM without its torch.compile step (starts in seconds; not vLLM's default speed)")
     p.add_argument("--timeout", type=positive_float, default=1800.0, help="seconds per vLLM engine process")
     p.add_argument("--out", type=Path, default=Path("bench_out/serve"))
     p.set_defaults(func=serve.run)

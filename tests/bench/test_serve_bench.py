@@ -46,13 +46,14 @@ def test_a_hanging_worker_is_stopped_by_its_time_limit(tmp_path):
 
 @pytest.mark.model
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # two vLLM engines start (eager), on two shared cores
 def test_serve_small_real_run(tmp_path):
     try:
         find_python()
     except VLLMUnavailable as e:
         pytest.skip(str(e))
     rc = main(["bench", "serve", "--formats", "w4a16", "--batches", "1", "2", "--prompt", "8", "--new", "4",
-               "--repeats", "1", "--calib", "1x32", "--out", str(tmp_path)])
+               "--repeats", "1", "--calib", "1x32", "--eager", "--out", str(tmp_path)])
     assert rc == 0
     data = json.loads((tmp_path / "serve.json").read_text())
     rows = data["rows"]

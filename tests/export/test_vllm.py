@@ -13,7 +13,9 @@ import torch
 
 from lowbit.bench.vllm_engine import VLLMUnavailable, find_python, run_worker
 
-pytestmark = [pytest.mark.model, pytest.mark.slow]
+# one module fixture per format quantizes, exports and starts vLLM: more than the default 300 s
+# when other jobs share the two cores
+pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(900)]
 
 WINDOWS, SEQLEN = 4, 512  # 2044 predicted tokens of WikiText-2 test
 GREEDY_PROMPT = "The capital of France is Paris. The capital of Germany is"
@@ -64,7 +66,7 @@ def served(request, default_model, windows, vllm_python, tmp_path_factory):
         assert main(["export", str(tmp / "ckpt"), "--format", "compressed-tensors", "--out", str(folder)]) == 0
         model = load_quantized(tmp / "ckpt")[0].eval()  # lowbit's own evaluation reads the checkpoint too
     prompt = tok(GREEDY_PROMPT, return_tensors="pt").input_ids[0].tolist()
-    req = {"model": str(folder), "dtype": "bfloat16", "max_model_len": SEQLEN + 8, "max_num_seqs": 4,
+    req = {"model": str(folder), "dtype": "bfloat16", "max_model_len": SEQLEN + 8, "max_num_seqs": 4, "compile": False,
            "jobs": [{"kind": "nll", "windows": windows.tolist()},
                     {"kind": "greedy", "prompts": [prompt], "max_tokens": GREEDY_TOKENS}]}
     result = run_worker(req, timeout=VLLM_TIMEOUT, python=vllm_python)
