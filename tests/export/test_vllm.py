@@ -94,6 +94,7 @@ def test_vllm_perplexity_matches_lowbits_evaluation(served, windows):
     nll = result["jobs"][0]
     assert nll["n_tokens"] == [SEQLEN - 1] * WINDOWS
     theirs = math.exp(sum(nll["nll_sum"]) / sum(nll["n_tokens"]))
+    print(f"{fmt}: vLLM ppl {theirs:.4f} (vLLM load {result['load_s']:.0f} s)", flush=True)
     ours = _lowbit_ppl(model, windows)
     print(f"{fmt}: vLLM ppl {theirs:.4f}, lowbit {ours:.4f} ({theirs / ours - 1:+.2%})")
     assert abs(theirs / ours - 1) <= PPL_TOLERANCE[fmt], (fmt, theirs, ours)
