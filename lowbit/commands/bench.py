@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lowbit.bench import allreduce, codecs, decode, decode_split, gemm, tp_decode, tp_decode_worker
+from lowbit.bench import allreduce, codecs, decode, decode_split, gemm, serve, tp_decode, tp_decode_worker
 
 from .argtypes import codec_list, int_list, nonneg_int, positive_float, positive_int, size_list
 
@@ -21,7 +21,7 @@ def register(sub) -> None:
         description="Benchmarks. Each reports ratios measured side by side in one run (medians of repeats).",
     )
     kinds = p.add_subparsers(dest="bench", metavar="KIND")
-    for add in (_allreduce, _codecs, _decode, _decode_split, _gemm, _tp_decode):
+    for add in (_allreduce, _codecs, _decode, _decode_split, _gemm, _serve, _tp_decode):
         add(kinds)
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
@@ -138,3 +138,22 @@ def _tp_decode(kinds) -> None:
     p.add_argument("--out", type=Path, default=Path("bench_out/tp_decode"))
     p.add_argument("--tp-worker", nargs=2, metavar=("SPEC", "RESULT"), help=argparse.SUPPRESS)
     p.set_defaults(func=tp_decode.run)
+
+
+def _serve(kinds) -> None:
+    p = kinds.add_parser("serve", help="vLLM offline generation tok/s (bf16, lowbit's W8A8/W4A16 exports) vs lowbit's decode")
+    p.add_argument("--model", default="default")
+    p.add_argument("--formats", default=",".join(serve.FORMATS), help="comma list of bf16,w8a8,w4a16 (bf16 always runs)")
+    p.add_argument("--batches", type=positive_int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--prompt", type=positive_int, default=128, help="prompt tokens")
+    p.add_argument("--new", type=positive_int, default=128, help="generated tokens")
+    p.add_argument("--repeats", type=positive_int, default=3, help="timed calls per point (median)")
+    p.add_argument("--calib", default="4x128", help="calibration SAMPLESxSEQLEN (RTN: only speed is measured)")
+    p.add_argument("--kernel", default=None, choices=["auto", "reference", "cpu", "triton"])
+    p.add_argument("--threads", type=nonneg_int, default=0, help="threads of both engines (0 = leave as is)")
+    p.add_argument("--stock-ops", action="store_true", help="lowbit's side: PyTorch's norms, rotary and attention")
+    p.add_argument("--eager", action="store_true",
+                   help="vLLM without its torch.compile step (starts in seconds; not vLLM's default speed)")
+    p.add_argument("--timeout", type=positive_float, default=1800.0, help="seconds per vLLM engine process")
+    p.add_argument("--out", type=Path, default=Path("bench_out/serve"))
+    p.set_defaults(func=serve.run)

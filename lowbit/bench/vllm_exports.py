@@ -1,0 +1,41 @@
+"""The lowbit schemes that vLLM's CPU build serves, and a quantize-then-export helper.
+
+vLLM 0.32's CPU kernels take W8A8 (INT8 weights per channel, dynamic per-token INT8 activations)
+and W4A16 with whole groups; the default model's width 576 is no multiple of 128 (the w4a16
+preset's group), so W4A16 exports with groups of 64. vLLM's CPU build serves only a float LM head
+(the w4a16 preset's INT8 head is left float here). Speed does not depend on the weight values, so
+RTN (no GPTQ) is used: it quantizes in seconds.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+VLLM_SCHEMES: dict[str, tuple[str, list[str]]] = {
+    "w8a8": ("w8a8", ["lm_head.bits=16"]),
+    "w4a16": ("w4a16", ["weights.group_size=64", "lm_head.bits=16", "gptq.enabled=false"]),
+}
+
+
+def vllm_scheme(fmt: str):
+    from lowbit.quantize import get_scheme
+    from lowbit.quantize.overrides import apply_overrides
+
+    preset, sets = VLLM_SCHEMES[fmt]
+    return apply_overrides(get_scheme(preset), sets)
+
+
+def quantize_for_vllm(base, fmt: str, calib_ids):
+    """A quantized copy of the float model ``base`` in the vLLM-servable version of ``fmt``."""
+    from lowbit.quantize import quantize_model
+
+    model = copy.deepcopy(base)
+    quantize_model(model, vllm_scheme(fmt), calib_ids, progress=False)
+    return model
+
+
+def export_for_vllm(model, tokenizer, out: Path) -> Path:
+    from lowbit.export import export_compressed_tensors
+
+    return export_compressed_tensors(model, out, tokenizer)
