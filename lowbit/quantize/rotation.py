@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from lowbit.errors import LowbitError
-from lowbit.formats.hadamard import orthonormal, random_signs
+from lowbit.formats.hadamard import factor, fast_transform, random_signs
 from lowbit.formats.scheme import RotationArgs
 from lowbit.models.adapters import get_adapter, get_path
 from lowbit.nn.quant_linear import QuantLinear
@@ -32,10 +32,25 @@ class RotationError(LowbitError, ValueError):
     """The model cannot be rotated as asked (already quantized, not loaded, odd shapes)."""
 
 
-def rotation_matrix(n: int, args: RotationArgs, salt: int = 0) -> torch.Tensor:
-    """The float64 orthogonal matrix of ``args.kind`` and order ``n`` (``salt`` varies the seed)."""
-    signs = random_signs(n, args.seed * 1000003 + salt) if args.kind == "random-hadamard" else None
-    return orthonormal(n, torch.float64, signs)
+class Rotation:
+    """``x → x Q`` on the last dimension, ``Q = diag(signs) · H / √n`` of ``args.kind``, in float64
+    by the fast transform (``salt`` varies the random signs between R1 and R2)."""
+
+    def __init__(self, n: int, args: RotationArgs, salt: int = 0):
+        factor(n)  # a size with no Hadamard matrix fails here, before the model changes
+        self.n = n
+        self.signs = random_signs(n, args.seed * 1000003 + salt).double() if args.kind == "random-hadamard" else None
+
+    def right(self, x: torch.Tensor) -> torch.Tensor:
+        """``x Q`` (x float64)."""
+        return fast_transform(x if self.signs is None else x * self.signs)
+
+    def left_t(self, x: torch.Tensor) -> torch.Tensor:
+        """``Qᵀ x`` = ``(xᵀ Q)ᵀ``."""
+        return self.right(x.T).T
+
+    def matrix(self) -> torch.Tensor:
+        return self.right(torch.eye(self.n, dtype=torch.float64))
 
 
 def _set(t: torch.Tensor, value: torch.Tensor) -> None:
@@ -56,18 +71,18 @@ def _check(model: nn.Module) -> None:
             raise RotationError(f"{name} holds NaN or Inf; refusing to rotate it")
 
 
-def _fold_norm(norm: nn.Module, readers: list[torch.Tensor], offset: float, q: torch.Tensor) -> None:
+def _fold_norm(norm: nn.Module, readers: list[torch.Tensor], offset: float, q: Rotation) -> None:
     """Readers ``W ← W · diag(offset + w) · Q``; the norm's scale becomes 1."""
     scale = norm.weight.detach().double() + offset
     for w in readers:
-        _set(w, (w.detach().double() * scale[None, :]) @ q)
+        _set(w, q.right(w.detach().double() * scale[None, :]))
     _set(norm.weight, torch.full_like(scale, 1.0 - offset))
 
 
-def _rotate_writer(lin: nn.Linear, q: torch.Tensor) -> None:
-    _set(lin.weight, q.T @ lin.weight.detach().double())
+def _rotate_writer(lin: nn.Linear, q: Rotation) -> None:
+    _set(lin.weight, q.left_t(lin.weight.detach().double()))
     if lin.bias is not None:
-        _set(lin.bias, lin.bias.detach().double() @ q)
+        _set(lin.bias, q.right(lin.bias.detach().double()))
 
 
 def _untie_head(model: nn.Module) -> nn.Linear:
@@ -82,9 +97,9 @@ def _untie_head(model: nn.Module) -> nn.Linear:
     return head
 
 
-def _rotate_heads(attn: nn.Module, q2: torch.Tensor) -> None:
+def _rotate_heads(attn: nn.Module, rot: Rotation) -> None:
     """R2: each KV head's value output ``v → v Q2`` and o_proj's matching input columns."""
-    d = q2.shape[0]
+    d, q2 = rot.n, rot.matrix()
     v, o = attn.v_proj, attn.o_proj
     if v.out_features % d or o.in_features % d:
         raise RotationError(f"head_dim {d} does not divide v_proj ({v.out_features}) or o_proj ({o.in_features})")
@@ -109,15 +124,15 @@ def rotate_model(model: nn.Module, args: RotationArgs) -> None:
     adapter = get_adapter(model)
     _check(model)
     hidden = model.config.hidden_size
-    q1 = rotation_matrix(hidden, args)  # a size with no Hadamard matrix fails here, before any change
-    q2 = rotation_matrix(head_dim(model), args, salt=1)
+    q1 = Rotation(hidden, args)
+    q2 = Rotation(head_dim(model), args, salt=1)
     adapter.prepare(model)
     head = _untie_head(model)
     emb = model.get_input_embeddings()
     if emb.weight.shape[-1] != hidden or head.in_features != hidden:
         raise RotationError(f"embedding {tuple(emb.weight.shape)} / LM head {tuple(head.weight.shape)} "
                             f"do not match hidden_size {hidden}")
-    _set(emb.weight, emb.weight.detach().double() @ q1)
+    _set(emb.weight, q1.right(emb.weight.detach().double()))
     for layer in adapter.layers(model):
         for g in adapter.groups(layer):
             if g.norm is not None:
