@@ -121,6 +121,10 @@ def test_bad_models_are_refused():
         nan.model.layers[0].mlp.up_proj.weight[0, 0] = float("nan")
     with pytest.raises(RotationError, match="NaN"):
         rotate_model(nan, RotationArgs(kind="hadamard"))
+    lazy = tiny_model("llama")  # --from-disk: layers still on the meta device
+    lazy.model.layers[1].mlp.up_proj.weight = nn.Parameter(torch.empty(128, 64, device="meta"), requires_grad=False)
+    with pytest.raises(RotationError, match="not loaded"):
+        rotate_model(lazy, RotationArgs(kind="hadamard"))
     assert issubclass(RotationError, LowbitError)
 
 
