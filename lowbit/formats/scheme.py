@@ -16,6 +16,7 @@ from lowbit.errors import LowbitError
 FORMATS = ("int", "fp4")
 OUTLIER_PRECISIONS = ("int8", "fp16")
 OUTLIER_METRICS = ("sqsum",)
+ROTATION_KINDS = ("none", "hadamard", "random-hadamard")
 
 
 class SchemeError(LowbitError, ValueError):
@@ -190,6 +191,26 @@ class TPArgs:
             raise SchemeError(f"tensor_parallel.world must be an integer >= 1, got {self.world!r}")
 
 
+@dataclass(frozen=True)
+class RotationArgs:
+    """Rotate the float model before calibration (:mod:`lowbit.quantize.rotation`): ``hadamard``
+    (orthonormal Hadamard) or ``random-hadamard`` (seeded random ±1 diagonal times it) on the
+    residual stream and per head on v/o. Exact in real arithmetic; only plain weights change."""
+
+    kind: str = "none"
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.kind not in ROTATION_KINDS:
+            raise SchemeError(f"rotation.kind must be one of {ROTATION_KINDS}, got {self.kind!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise SchemeError(f"rotation.seed must be an integer >= 0, got {self.seed!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.kind != "none"
+
+
 _PARTS = {
     "weights": WeightArgs,
     "activations": ActArgs,
@@ -199,6 +220,7 @@ _PARTS = {
     "smooth": SmoothArgs,
     "tensor_parallel": TPArgs,
     "lm_head": WeightArgs,
+    "rotation": RotationArgs,
 }
 
 
@@ -214,6 +236,8 @@ class Scheme:
     tensor_parallel: TPArgs = field(default_factory=TPArgs)
     # the output projection: RTN per output row from its own weights (bits 16: left float)
     lm_head: WeightArgs = field(default_factory=WeightArgs)
+    # absent in checkpoints saved before rotation existed: from_dict gives the default (none)
+    rotation: RotationArgs = field(default_factory=RotationArgs)
 
     def __post_init__(self):
         if self.outliers.count and not self.weights.enabled and not self.activations.enabled:

@@ -67,6 +67,7 @@ def quantize_model(model: nn.Module, scheme: Scheme, calib_ids: torch.Tensor | N
     ``load_layer(i, layer, device)``: the decoder layers are still on the meta device and this
     loads layer ``i`` when its turn comes (:func:`lowbit.models.lazy.open_from_disk`), so only one
     float layer is ever in memory."""
+    from .rotation import rotate_model; rotate_model(model, scheme.rotation)  # noqa: E702 (float pre-pass, nothing if kind none)
     adapter = get_adapter(model)
     if load_layer is not None and adapter.is_moe:
         raise ValueError("quantizing from disk supports dense models; load a mixture-of-experts model whole")

@@ -1,0 +1,145 @@
+"""The rotation pre-pass: turn a float model into an equal one whose hidden channels are rotated.
+
+A few huge residual channels cost W4A4 most of its accuracy; an orthonormal Hadamard ``Q`` mixes
+every channel into every other, so the quantizers see flat inputs (QuaRot). The model computes
+the same function (in real arithmetic), and calibration, outlier selection and GPTQ then run on
+the rotated weights as usual. Done here, in float64, then cast back to each weight's dtype:
+
+* every RMSNorm scale is folded into the linears it feeds (Llama's ``w``, Gemma's ``1 + w``) and
+  the norm set to scale 1 — an unscaled RMSNorm commutes with any rotation;
+* R1, the residual stream ``h → h Q1``: embeddings ``E Q1``, readers (q/k/v, gate/up, a MoE
+  router, the LM head) ``W Q1``, writers (o_proj, down_proj) ``Q1ᵀ W`` and their bias ``b Q1``;
+  a tied LM head is untied (it gets the norm's scale, the embedding does not) and the config
+  says ``tie_word_embeddings: false`` so a saved checkpoint reloads it as its own weight;
+* R2, per head: v_proj's rows of each KV head ``Q2ᵀ W``, o_proj's columns of each head ``W Q2``.
+
+No online transform is installed, so a rotated model is plain weights of the original shape.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lowbit.errors import LowbitError
+from lowbit.formats.hadamard import factor, fast_transform, random_signs
+from lowbit.formats.scheme import RotationArgs
+from lowbit.models.adapters import get_adapter, get_path
+from lowbit.nn.quant_linear import QuantLinear
+
+
+class RotationError(LowbitError, ValueError):
+    """The model cannot be rotated as asked (already quantized, not loaded, odd shapes)."""
+
+
+class Rotation:
+    """``x → x Q`` on the last dimension, ``Q = diag(signs) · H / √n`` of ``args.kind``, in float64
+    by the fast transform (``salt`` varies the random signs between R1 and R2)."""
+
+    def __init__(self, n: int, args: RotationArgs, salt: int = 0):
+        factor(n)  # a size with no Hadamard matrix fails here, before the model changes
+        self.n = n
+        self.signs = random_signs(n, args.seed * 1000003 + salt).double() if args.kind == "random-hadamard" else None
+
+    def right(self, x: torch.Tensor) -> torch.Tensor:
+        """``x Q`` (x float64)."""
+        return fast_transform(x if self.signs is None else x * self.signs)
+
+    def left_t(self, x: torch.Tensor) -> torch.Tensor:
+        """``Qᵀ x`` = ``(xᵀ Q)ᵀ``."""
+        return self.right(x.T).T
+
+    def matrix(self) -> torch.Tensor:
+        return self.right(torch.eye(self.n, dtype=torch.float64))
+
+
+def _set(t: torch.Tensor, value: torch.Tensor) -> None:
+    with torch.no_grad():
+        t.copy_(value.to(t.dtype))
+
+
+def _check(model: nn.Module) -> None:
+    if any(isinstance(m, QuantLinear) for m in model.modules()):
+        raise RotationError("rotation is a pre-pass on a float model; this one already has quantized linears")
+    for name, p in model.named_parameters():
+        if p.is_meta:
+            raise RotationError(f"rotation needs every weight in memory ({name} is not loaded); "
+                                "load the model whole instead of layer by layer from disk")
+        if not p.is_floating_point():
+            raise RotationError(f"rotation needs float weights, {name} is {p.dtype}")
+        if not torch.isfinite(p).all():
+            raise RotationError(f"{name} holds NaN or Inf; refusing to rotate it")
+
+
+def _fold_norm(norm: nn.Module, readers: list[torch.Tensor], offset: float, q: Rotation) -> None:
+    """Readers ``W ← W · diag(offset + w) · Q``; the norm's scale becomes 1."""
+    scale = norm.weight.detach().double() + offset
+    for w in readers:
+        _set(w, q.right(w.detach().double() * scale[None, :]))
+    _set(norm.weight, torch.full_like(scale, 1.0 - offset))
+
+
+def _rotate_writer(lin: nn.Linear, q: Rotation) -> None:
+    _set(lin.weight, q.left_t(lin.weight.detach().double()))
+    if lin.bias is not None:
+        _set(lin.bias, q.right(lin.bias.detach().double()))
+
+
+def _untie_head(model: nn.Module) -> nn.Linear:
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Linear):
+        raise RotationError(f"rotation needs an nn.Linear LM head, got {type(head).__name__}")
+    if head.weight is model.get_input_embeddings().weight or getattr(model.config, "tie_word_embeddings", False):
+        head.weight = nn.Parameter(head.weight.detach().clone(), requires_grad=head.weight.requires_grad)
+        model.config.tie_word_embeddings = False
+        text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        text.tie_word_embeddings = False
+    return head
+
+
+def _rotate_heads(attn: nn.Module, rot: Rotation) -> None:
+    """R2: each KV head's value output ``v → v Q2`` and o_proj's matching input columns."""
+    d, q2 = rot.n, rot.matrix()
+    v, o = attn.v_proj, attn.o_proj
+    if v.out_features % d or o.in_features % d:
+        raise RotationError(f"head_dim {d} does not divide v_proj ({v.out_features}) or o_proj ({o.in_features})")
+    wv = v.weight.detach().double().reshape(-1, d, v.in_features)
+    _set(v.weight, torch.einsum("dk,hdi->hki", q2, wv).reshape(v.weight.shape))
+    if v.bias is not None:
+        _set(v.bias, (v.bias.detach().double().reshape(-1, d) @ q2).reshape(-1))
+    wo = o.weight.detach().double().reshape(o.out_features, -1, d)
+    _set(o.weight, (wo @ q2).reshape(o.weight.shape))
+
+
+def head_dim(model: nn.Module) -> int:
+    cfg = model.config
+    d = getattr(cfg, "head_dim", None)
+    return int(d) if d else cfg.hidden_size // cfg.num_attention_heads
+
+
+def rotate_model(model: nn.Module, args: RotationArgs) -> None:
+    """Rotate ``model`` in place (nothing for ``kind`` none); it computes the same function."""
+    if not args.enabled:
+        return
+    adapter = get_adapter(model)
+    _check(model)
+    hidden = model.config.hidden_size
+    q1 = Rotation(hidden, args)
+    q2 = Rotation(head_dim(model), args, salt=1)
+    adapter.prepare(model)
+    head = _untie_head(model)
+    emb = model.get_input_embeddings()
+    if emb.weight.shape[-1] != hidden or head.in_features != hidden:
+        raise RotationError(f"embedding {tuple(emb.weight.shape)} / LM head {tuple(head.weight.shape)} "
+                            f"do not match hidden_size {hidden}")
+    _set(emb.weight, q1.right(emb.weight.detach().double()))
+    for layer in adapter.layers(model):
+        for g in adapter.groups(layer):
+            if g.norm is not None:
+                readers = [get_path(layer, p).weight for p in g.linears] + [get_path(layer, p) for p in g.extra]
+                _fold_norm(get_path(layer, g.norm), readers, adapter.norm_offset, q1)
+            else:
+                for p in g.linears:
+                    _rotate_writer(get_path(layer, p), q1)
+        _rotate_heads(layer.self_attn, q2)
+    _fold_norm(model.model.norm, [head.weight], adapter.norm_offset, q1)

@@ -1,0 +1,31 @@
+"""The default model (SmolLM2-135M, hidden 576 = 16·36, head_dim 64, tied head) rotated in fp32
+keeps its WikiText-2 perplexity within 1e-5 relative (3 windows of 128 tokens; the plain and
+the randomized Hadamard)."""
+
+import pytest
+
+from lowbit.checkpoint import load_model
+from lowbit.eval.perplexity import perplexity
+from lowbit.formats.scheme import RotationArgs
+from lowbit.quantize.rotation import rotate_model
+
+pytestmark = pytest.mark.model
+WINDOWS, SEQLEN = 3, 128
+
+
+@pytest.fixture(scope="module")
+def reference():
+    model, tok = load_model("default")
+    return tok, perplexity(model, tok, "wikitext2", seqlen=SEQLEN, max_windows=WINDOWS, progress=False)
+
+
+@pytest.mark.parametrize("kind", ["hadamard", "random-hadamard"])
+def test_rotated_default_model_keeps_its_perplexity(reference, kind):
+    tok, ref = reference
+    model, _ = load_model("default")
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    rotate_model(model, RotationArgs(kind=kind, seed=1))
+    assert model.lm_head.weight is not model.model.embed_tokens.weight
+    got = perplexity(model, tok, "wikitext2", seqlen=SEQLEN, max_windows=WINDOWS, progress=False)
+    assert got.n_tokens == ref.n_tokens
+    assert abs(got.ppl - ref.ppl) <= 1e-5 * ref.ppl, (ref.ppl, got.ppl)
