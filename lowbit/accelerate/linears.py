@@ -73,7 +73,6 @@ def accelerate(model: nn.Module, kernel: str | None = None, fuse: bool = True) -
         except KernelError:
             counts["kept_reference"] += 1
             continue
-        parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-        setattr(parent, name.rsplit(".", 1)[-1], new)
+        set_path(model, name, new)
         counts[f"{new.prepared.kind}:{new.prepared.kernel}"] += 1
     return counts

@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from lowbit.io.atomic import write_text
+from lowbit.io.atomic import write_json
 
 from lowbit.eval.tp import run_tp_eval
 from lowbit.parallel.layers import ALLREDUCE_CHOICES
@@ -22,17 +22,13 @@ from lowbit.parallel.layers import ALLREDUCE_CHOICES
 SINGLE = "none (1 process)"
 
 
-def write_json(path: Path, data) -> None:
-    write_text(path, json.dumps(data, indent=2))
-
-
 def single_process_row(model: str, ref: str | None, seqlen: int, max_windows: int) -> dict:
     """The same checkpoint in one process: what quantization alone costs, before any codec."""
     from lowbit.eval.kl import kl_divergence
     from lowbit.checkpoint import load_model
 
-    m, tok = load_model(model)
-    ref_model, _ = load_model(ref or model)
+    m, tok = load_model(model, kernel="reference")  # as the TP shards run it
+    ref_model, _ = load_model(ref or model, kernel="reference")
     r = kl_divergence(ref_model, m, tok, seqlen=seqlen, max_windows=max_windows, progress=True).to_dict()
     r.update(kind="kl", model=model, allreduce=SINGLE)
     return r

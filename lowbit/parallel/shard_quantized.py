@@ -95,7 +95,7 @@ def require_world(path, made_for: int, world: int) -> None:
 
 
 def load_tp_quantized_shard(path: str | Path, rank: int, world: int, reduce: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
-    """This rank's shard of the lowbit checkpoint ``path`` (see :func:`lowbit.comm.tp.load_tp_shard`)."""
+    """This rank's shard of the lowbit checkpoint ``path`` (see :func:`lowbit.parallel.shard.load_tp_shard`)."""
     from lowbit.nn.kv_cache import install_kv_quantization
 
     # every rank reads only its slices: the config's hash and the size are checked, not the tensors' full hash

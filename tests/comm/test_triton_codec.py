@@ -2,29 +2,22 @@
 on CPU under the Triton interpreter (a subprocess: TRITON_INTERPRET must be set before the
 kernels are decorated); on a GPU, when there is one, the compiled kernels too."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.triton_interpreter import run_interpreted
 import torch
 
 triton = pytest.importorskip("triton", reason="triton not installed: the Triton codecs cannot be checked here")
 
-ROOT = Path(__file__).resolve().parents[2]
 CASES = [f"{op}_{c}_{d}_5000{suffix}" for c in ("int8", "int4") for d in ("float32", "bfloat16", "float16")
          for op, suffix in (("encode", ""), ("decode", "_float32"), ("decode", f"_{d}"), ("reduce", ""))]
 
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("triton_checks.py"))], env=env,
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_interpreted(Path(__file__).with_name("triton_checks.py"), timeout=600)
 
 
 @pytest.mark.parametrize("case", sorted(set(CASES)))

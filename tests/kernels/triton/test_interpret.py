@@ -1,26 +1,18 @@
 """Triton kernels checked on CPU under the Triton interpreter (a subprocess, because
 TRITON_INTERPRET must be set before the kernels are decorated)."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-triton = pytest.importorskip("triton", reason="triton not installed: Triton kernels cannot be checked here")
+from tests.triton_interpreter import run_interpreted
 
-ROOT = Path(__file__).resolve().parents[3]
+triton = pytest.importorskip("triton", reason="triton not installed: Triton kernels cannot be checked here")
 
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("checks.py"))], env=env,
-                          capture_output=True, text=True, timeout=240, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_interpreted(Path(__file__).with_name("checks.py"), timeout=240)
 
 
 @pytest.mark.parametrize("case", ["k32", "k0_m17", "g64_odd"])
