@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lowbit.bench.report import args_meta
+
 
 FORMATS = ("fp32", "bf16", "w8a8", "w4a16", "w4a4", "w4a4-kv4")
 
@@ -220,7 +222,7 @@ def run(args) -> int:
                       fmt_bytes(r["layer_weight_bytes"]), fx(r["layer_weight_vs_fp16"]), fmt_bytes(r["kv_bytes"]),
                       fx(r["kv_vs_fp16"]))
     console.print(table)
-    meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+    meta = args_meta(args)
     meta |= {"torch": torch.__version__, "threads": torch.get_num_threads(), "fp16_layer_bytes": fp16_layer_bytes,
              "machine": machine.report()}
     write_csv(args.out / "decode.csv", [{k: v for k, v in r.items() if k != "kernels"} for r in rows])

@@ -9,7 +9,7 @@ Timing hooks on every linear (a few µs each, in every format alike); formats ar
 
 from __future__ import annotations
 
-from pathlib import Path
+from lowbit.bench.report import args_meta
 
 
 
@@ -113,7 +113,7 @@ def run(args) -> int:
         table.add_row(r["format"], f"{r['step_ms']:.1f}", f"{r['linears_ms']:.1f}", f"{r['lm_head_ms']:.1f}",
                       f"{r['rest_ms']:.1f}", f"{r['vs_first']:.2f}x", f"{r['vs_first_bound']:.2f}x")
     console.print(table)
-    meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+    meta = args_meta(args)
     write_json(args.out / "decode_split.json", {"meta": meta | {"threads": torch.get_num_threads()},
                                                 "rows": rows, "samples": samples})
     console.print(f"wrote {args.out}/decode_split.json")

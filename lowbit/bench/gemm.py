@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lowbit.bench.report import args_meta
+
 
 SHAPE_SETS = {  # (name, in_features, out_features)
     "default": [("q/o 576x576", 576, 576), ("k/v 576x192", 576, 192), ("gate/up 576x1536", 576, 1536),
@@ -191,7 +193,7 @@ def run(args) -> int:
                 bar.update(1)
     _finish(rows, copy_bw)
     _print(console, rows, copy_bw, dev)
-    meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+    meta = args_meta(args)
     meta |= {"torch": torch.__version__, "threads": torch.get_num_threads(), "copy_GBps": copy_bw / 1e9,
              "cpu_capability": torch.backends.cpu.get_cpu_capability(), "machine": machine.report()}
     write_csv(args.out / "gemm.csv", rows)

@@ -9,7 +9,14 @@ from pathlib import Path
 
 from lowbit.io.atomic import atomic_path, write_json, write_text
 
-__all__ = ["atomic_write", "fmt_bytes", "save_figure", "write_csv", "write_json"]
+__all__ = ["args_meta", "atomic_write", "fmt_bytes", "save_figure", "write_csv", "write_json"]
+
+
+def args_meta(args, drop: tuple[str, ...] = ()) -> dict:
+    """A benchmark's parsed arguments as JSON values for its ``meta``: paths as text, the CLI's
+    dispatch function (and the names in ``drop``) left out."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+            if not callable(v) and k not in drop}
 
 
 def fmt_bytes(n: float) -> str:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from lowbit.bench.report import args_meta
+
 FORMATS = ("bf16", "w8a8", "w4a16")
 
 
@@ -147,7 +149,7 @@ def run(args) -> int:
     for r in rows:
         table.add_row(str(r["batch"]), r["engine"], r["format"], f"{r['gen_tok_s']:.1f}", f"{r['vs_vllm_bf16']:.2f}x")
     console.print(table)
-    meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+    meta = args_meta(args)
     meta |= {"torch": torch.__version__, "threads": torch.get_num_threads(), "vllm_python": python,
              "vllm": vllm_meta, "machine": machine.report()}
     write_json(args.out / "serve.json", {"meta": meta, "rows": rows})

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from lowbit.bench.report import args_meta
 from lowbit.bench.tp_decode_worker import decode_rank, matching_prefix, single_process_rows
 
 DEFAULT_METHODS = ("none", "plain", "fp", "int8", "int4")
@@ -174,9 +175,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 def argv_meta(a) -> dict:
     """The arguments as JSON values (the CLI adds its dispatch function and command names)."""
-    simple = (str, int, float, bool, list, type(None))
-    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()
-            if k != "tp_worker" and isinstance(v, (Path, *simple))}
+    return args_meta(a, drop=("tp_worker",))
 
 
 def source_digest() -> str:
