@@ -47,7 +47,7 @@ def accelerate(model: nn.Module, kernel: str | None = None, fuse: bool = True) -
     """Replace every ``QuantLinear`` the kernels support by a ``KernelLinear`` (in place); with
     ``fuse``, linears that read one input (q/k/v, gate/up) first become one kernel call
     (:mod:`.fuse`, counted as ``fused_groups``)."""
-    from lowbit.models.adapters import get_path, set_path
+    from lowbit.models.module_paths import get_path, set_path
     from lowbit.nn.quant_linear import QuantLinear
 
     from lowbit.accelerate import fuse as fusion

@@ -100,7 +100,7 @@ def use_native_ops(model: nn.Module) -> Counter:
     """Swap ``model``'s supported norms for :class:`NativeRMSNorm`, its ``sdpa`` attention for
     :func:`attention` and Llama attention modules for a subclass with the native rotary embedding
     (in place); returns what it swapped (``norms``, ``attention``, ``rope``)."""
-    from lowbit.models.adapters import set_path
+    from lowbit.models.module_paths import set_path
 
     counts: Counter = Counter()
     for mod in model.modules():

@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lowbit.models.adapters import get_adapter, get_path, set_path
+from lowbit.models.adapters import get_adapter
+from lowbit.models.module_paths import get_path, set_path
 from lowbit.nn.experts import UnfusedExperts
 from lowbit.nn.permuted_norm import PermutedNorm
 from lowbit.nn.quant_linear import QuantLinear, QuantLinearLayout

@@ -13,8 +13,7 @@ from torch import nn
 from .architectures import Architecture, UnsupportedArchitectureError, architecture
 from .module_paths import get_path, set_path
 
-__all__ = ["Adapter", "InputGroup", "UnsupportedArchitectureError", "check_supported", "get_adapter",
-           "get_path", "set_path"]
+__all__ = ["Adapter", "InputGroup", "UnsupportedArchitectureError", "check_supported", "get_adapter"]
 
 
 @dataclass

@@ -26,7 +26,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from lowbit.formats.scheme import Scheme
-from lowbit.models.adapters import Adapter, InputGroup, get_adapter, get_path
+from lowbit.models.adapters import Adapter, InputGroup, get_adapter
+from lowbit.models.module_paths import get_path
 from lowbit.nn.kv_cache import PackedKVCache, install_kv_quantization
 
 from .calibrate import InputStats, capture_layer_inputs, capture_linear_inputs, collect_stats, run_layer

@@ -24,7 +24,8 @@ from torch import nn
 from lowbit.errors import LowbitError
 from lowbit.formats.hadamard import factor, fast_transform, random_signs
 from lowbit.formats.scheme import RotationArgs
-from lowbit.models.adapters import get_adapter, get_path
+from lowbit.models.adapters import get_adapter
+from lowbit.models.module_paths import get_path
 from lowbit.nn.quant_linear import QuantLinear
 
 

@@ -1,7 +1,8 @@
 import pytest
 from torch import nn
 
-from lowbit.models.adapters import UnsupportedArchitectureError, get_adapter, get_path
+from lowbit.models.adapters import UnsupportedArchitectureError, get_adapter
+from lowbit.models.module_paths import get_path
 from tests.tiny_models import TINY_ARCHS, tiny_model
 
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from lowbit.models.adapters import get_adapter, get_path
+from lowbit.models.adapters import get_adapter
+from lowbit.models.module_paths import get_path
 from lowbit.models.architectures import ARCHITECTURES, UnsupportedArchitectureError, architecture, tp_types
 from lowbit.models.shard_plan import TPSplitError, make_plan, row_parallel_splits
 
