@@ -36,34 +36,14 @@ import torch.distributed as dist
 
 from .codecs import CODECS, ROW, Codec, fp_wire_dtype, get_codec, n_rows
 from .codecs.device import decode, encode, reduce_encode  # Triton on CUDA for INT8/INT4, else fast.py
+from .collectives import guarded, scratch
 from .errors import AllReduceError
-from .metadata import DTYPE_CODES, CheckedJobs
+from .metadata import DTYPE_CODES, PATHS, CheckedJobs
 from .oneshot import one_shot
-from .policy import ENV_CODEC, PATHS, SizePolicy, load_table
+from .policy import ENV_CODEC, SizePolicy, load_table
 
 FP16_OVERFLOW_CLAMP = float(2**17)
 _CODEC_NAMES = list(CODECS)
-
-
-def _collective(what: str, fn, *args, **kwargs) -> None:
-    try:
-        fn(*args, **kwargs)
-    except RuntimeError as e:
-        raise AllReduceError(
-            f"quick all-reduce failed during {what}: a peer rank died, timed out or closed its connection ({e})"
-        ) from e
-
-
-def _buffer(ws: dict | None, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A scratch tensor, reused across calls when a workspace dict is given: fresh large
-    allocations cost page faults on every call (QuickReduce keeps its buffers for the same reason)."""
-    if ws is None:
-        return torch.empty(shape, dtype=dtype, device=device)
-    t = ws.get(name)
-    if t is None or t.shape != shape or t.dtype != dtype or t.device != device:
-        with torch.inference_mode(False):  # a normal tensor: usable inside and outside inference mode
-            t = ws[name] = torch.empty(shape, dtype=dtype, device=device)
-    return t
 
 
 def _start_exchange(send: torch.Tensor, seg_rows: int, world: int, rank: int, group, what: str,
@@ -110,10 +90,10 @@ class Round:
         return self.seg_rows * ROW
 
     def buf(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return _buffer(self.ws, name, shape, dtype, self.x.device)
+        return scratch(self.ws, name, shape, dtype, self.x.device)
 
     def wait(self) -> None:
-        _collective(self.what, self.work.wait)
+        guarded(self.what, self.work.wait)
         self.work = None
 
 
@@ -303,7 +283,7 @@ class QuickAllReduce:
                                cached=self.check_metadata != "always")
         if path == "plain":
             self.last_path = "plain"
-            _collective("plain all_reduce", dist.all_reduce, tensor, group=self.group)
+            guarded("plain all_reduce", dist.all_reduce, tensor, group=self.group)
             return tensor
         self.last_path = self.codec.name
         self.last_shot = path

@@ -14,12 +14,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .collectives import all_gather_into
 from .errors import AllReduceError, MetadataMismatchError
 
 DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}
 _NAMES = {v: str(k).replace("torch.", "") for k, v in DTYPE_CODES.items()}
-# torch >= 2.13 names it all_gather_single; older releases all_gather_into_tensor
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 FIELDS = ("numel", "dtype", "codec", "path", "ndim")
 PATHS = ("plain", "oneshot", "twoshot")
 MAX_CACHED_JOBS = 4096
@@ -47,7 +46,7 @@ def check_same_job(
     mine = torch.tensor(sig, dtype=torch.int64, device=device)
     every = torch.empty(world * len(sig), dtype=torch.int64, device=device)
     try:
-        _all_gather(every, mine, group=group)
+        all_gather_into(every, mine, group=group)
     except RuntimeError as e:
         raise AllReduceError(f"metadata exchange failed (a peer rank died or timed out): {e}") from e
     rows = every.view(world, len(sig)).tolist()

@@ -23,33 +23,7 @@ import torch.distributed as dist
 from .codecs import Codec, fp_wire_dtype, n_rows
 from .codecs.device import decode, decode_add, encode  # Triton on CUDA for INT8/INT4, else fast.py
 from .codecs.fast import saturate_f16
-from .errors import AllReduceError
-
-# torch >= 2.13 names it all_gather_single; older releases all_gather_into_tensor
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-def _gather(send: torch.Tensor, recv: torch.Tensor, group) -> None:
-    try:
-        _all_gather(recv, send, group=group)
-    except RuntimeError as e:
-        raise AllReduceError(
-            f"quick all-reduce failed during one-shot (all-gather): a peer rank died, timed out or closed "
-            f"its connection ({e})"
-        ) from e
-
-
-def _wire_buffer(ws: dict | None, name: str, world: int, rows: int, rb: int, device: torch.device) -> torch.Tensor:
-    """A ``[world, rows, rb]`` uint8 scratch tensor, kept in ``ws`` between calls when given."""
-    shape = (world, rows, rb)
-    t = None if ws is None else ws.get(name)
-    if t is None or tuple(t.shape) != shape or t.device != device:
-        with torch.inference_mode(False):  # usable inside and outside inference mode
-            t = torch.empty(shape, dtype=torch.uint8, device=device)
-        if ws is not None:
-            ws[name] = t
-    return t
-
+from .collectives import all_gather_into, guarded, scratch
 
 def sum_wires(wires: list[torch.Tensor], codec: Codec, n: int, dtype: torch.dtype, out: torch.Tensor) -> torch.Tensor:
     """``out = dtype(sum_j decode(wires[j]))``, float32 sums in list order (the one-shot's local step)."""
@@ -74,9 +48,9 @@ def one_shot(x: torch.Tensor, codec: Codec, group=None, out: torch.Tensor | None
     n, dtype = x.numel(), x.dtype
     fpw = fp_wire_dtype(dtype)
     rows, rb = n_rows(n), codec.wire_row_bytes(fpw)
-    gathered = _wire_buffer(workspace, "oneshot", world, rows, rb, x.device)
-    send = encode(x.reshape(-1), codec, out=_wire_buffer(workspace, "oneshot_send", 1, rows, rb, x.device)[0])
-    _gather(send.reshape(-1), gathered.view(-1), group)
+    gathered = scratch(workspace, "oneshot", (world, rows, rb), torch.uint8, x.device)
+    send = encode(x.reshape(-1), codec, out=scratch(workspace, "oneshot_send", (rows, rb), torch.uint8, x.device))
+    guarded("one-shot (all-gather)", all_gather_into, gathered.view(-1), send.reshape(-1), group=group)
     if out is None:
         out = torch.empty(n, dtype=dtype, device=x.device)
     return sum_wires([gathered[j] for j in range(world)], codec, n, dtype, out)

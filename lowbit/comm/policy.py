@@ -24,7 +24,6 @@ DEFAULT_TWOSHOT_MIN_BYTES = 1 << 20  # no table: a forced quantized path (min_by
 NO_MAX = 1 << 62
 ENV_MIN, ENV_MAX, ENV_CODEC, ENV_TABLE = "LOWBIT_QR_MIN_BYTES", "LOWBIT_QR_MAX_BYTES", "LOWBIT_QR_CODEC", "LOWBIT_QR_TABLE"
 ENV_TWOSHOT = "LOWBIT_QR_TWOSHOT_MIN_BYTES"
-PATHS = ("plain", "oneshot", "twoshot")
 
 
 def default_table_path() -> Path:
