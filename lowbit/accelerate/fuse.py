@@ -118,7 +118,7 @@ def shared_input_groups(model: nn.Module) -> list[list[str]]:
     groups = []
     for i, layer in enumerate(adapter.layers(model)):
         for g in adapter.groups(layer):
-            # MoE expert linears share a norm but each sees its own tokens: never fused
-            if g.norm is not None and len(g.linears) > 1 and not any(".experts." in p for p in g.linears):
+            # MoE expert linears share a norm but each sees its own tokens (not ``shared``): never fused
+            if g.shared and len(g.linears) > 1:
                 groups.append([f"model.layers.{i}.{p}" for p in g.linears])
     return groups

@@ -48,10 +48,13 @@ class CheckpointReader:
         """Columns lo..hi-1 (dim 1) of a 2-D tensor."""
         return self._slice(name)[:, lo:hi]
 
-    def row_blocks(self, name: str, blocks: list[int], size: int) -> torch.Tensor:
-        """Rows of the given ``size``-row blocks (e.g. heads), in the given order (repeats allowed);
-        reads only the span from the first to the last block needed."""
-        lo, hi = min(blocks), max(blocks) + 1
-        part = self._slice(name)[lo * size : hi * size]
-        idx = torch.cat([torch.arange((b - lo) * size, (b - lo + 1) * size) for b in blocks])
+    def row_ranges(self, name: str, ranges: list[tuple[int, int]]) -> torch.Tensor:
+        """Rows ``[lo, hi)`` of each range, concatenated in the given order (repeats allowed; e.g.
+        a rank's heads, or the gate and up parts of a fused linear); reads only the span from the
+        first to the last row needed."""
+        lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
+        part = self._slice(name)[lo:hi]
+        if len(ranges) == 1:
+            return part
+        idx = torch.cat([torch.arange(a - lo, b - lo) for a, b in ranges])
         return part.index_select(0, idx)

@@ -21,13 +21,19 @@ class InputGroup:
     """Linears (paths inside a decoder layer) that consume one input.
 
     ``norm``: the norm that produces the input (the permutation is fused into it), or None when
-    the input comes from inside a block (o_proj, down_proj): then each linear permutes its own
+    no norm produces it (o_proj, down_proj; OLMo 2's q/k/v): then each linear permutes its own
     input. ``extra``: float weights (e.g. a MoE router) whose columns follow the permutation.
+    ``shared``: every forward calls the linears with one tensor (q/k/v, gate/up: one activation
+    quantization, one statistics accumulator), not so for MoE experts, which each see their own
+    tokens. ``stage``: the group's place in the layer's forward (0 attention in, 1 attention out,
+    2 MLP in, 3 MLP out), where true-sequential calibration cuts.
     """
 
     linears: list[str]
     norm: str | None = None
     extra: list[str] = field(default_factory=list)
+    shared: bool = False
+    stage: int = 0
 
 
 @dataclass
@@ -50,28 +56,45 @@ class Adapter:
     def layers(self, model: nn.Module) -> nn.ModuleList:
         return get_path(model, self.arch.layers)
 
+    def _experts_parent(self) -> str:
+        return self.arch.experts.experts.rpartition(".")[0]
+
+    def has_experts(self, layer: nn.Module) -> bool:
+        """Whether this decoder layer's MLP is a mixture of experts (Qwen3-MoE mixes in dense ones)."""
+        if not self.is_moe:
+            return False
+        try:
+            mod = get_path(layer, self._experts_parent())
+        except (AttributeError, IndexError):
+            return False
+        return hasattr(mod, "gate_up_proj") or hasattr(mod, "experts")
+
     def prepare(self, model: nn.Module) -> None:
         """Unfuse MoE experts into per-expert linears (same computation)."""
         if not self.is_moe:
             return
         from lowbit.nn.experts import UnfusedExperts
 
-        parent = self.arch.experts.experts.rpartition(".")[0]
+        parent = self._experts_parent()
         for layer in self.layers(model):
+            if not self.has_experts(layer):
+                continue
             fused = get_path(layer, parent)
             if not isinstance(fused, UnfusedExperts):
                 set_path(layer, parent, UnfusedExperts.from_fused(fused))
 
     def groups(self, layer: nn.Module) -> list[InputGroup]:
         a = self.arch
-        attn = [InputGroup(list(a.attention), a.input_norm), InputGroup([a.attention_out])]
-        if not self.is_moe:
-            return attn + [InputGroup(list(a.mlp_in), a.post_attention_norm), InputGroup([a.mlp_out])]
+        attn = [InputGroup(list(a.attention), a.input_norm, shared=True, stage=0),
+                InputGroup([a.attention_out], stage=1)]
+        if not self.has_experts(layer):
+            return attn + [InputGroup(list(a.mlp_in), a.mlp_norm, shared=True, stage=2),
+                           InputGroup([a.mlp_out], stage=3)]
         ex = a.experts
         n = len(get_path(layer, ex.experts))
         ups = [f"{ex.experts}.{e}.{ex.gate_up}" for e in range(n)]
-        downs = [InputGroup([f"{ex.experts}.{e}.{ex.down}"]) for e in range(n)]
-        return attn + [InputGroup(ups, a.post_attention_norm, extra=[ex.router])] + downs
+        downs = [InputGroup([f"{ex.experts}.{e}.{ex.down}"], stage=3) for e in range(n)]
+        return attn + [InputGroup(ups, a.mlp_norm, extra=[ex.router], stage=2)] + downs
 
 
 def check_supported(model_type: str | None) -> None:

@@ -55,7 +55,8 @@ def materialize_rest(model: nn.Module, config, reader: CheckpointReader, dtype: 
         head.weight = model.get_input_embeddings().weight
     # non-persistent buffers: rotary frequencies (rebuilt on the CPU) and Gemma's embedding scale
     for mod_name, mod in list(model.named_modules()):
-        if hasattr(mod, "inv_freq") and mod.inv_freq.is_meta and wanted(mod_name):
+        rotary = [b for n, b in mod.named_buffers(recurse=False) if n.endswith("inv_freq")]  # Gemma 3: one per layer type
+        if rotary and any(b.is_meta for b in rotary) and wanted(mod_name):
             set_path(model, mod_name, type(mod)(config=config))
         if hasattr(mod, "scalar_embed_scale") and mod.embed_scale.is_meta:
             mod.embed_scale = torch.tensor(float(mod.scalar_embed_scale), dtype=dtype)

@@ -85,6 +85,10 @@ class TPPlan:
     attn: list[AttnShard]
     mlp: list[tuple[int, int]]  # intermediate rows of each rank
     head_dim: int
+    model_type: str = "llama"
+    n_heads: int = 0
+    n_kv: int = 0
+    intermediate: int = 0
 
     def describe(self) -> str:
         parts = [f"rank {r}: {len(a.q_heads)} q heads, {len(a.kv_heads)} kv heads, mlp rows {lo}..{hi - 1}"
@@ -105,7 +109,51 @@ def make_plan(config, world: int) -> TPPlan:
     inter = config.intermediate_size
     if inter < world:
         raise TPSplitError(f"cannot split an MLP of {inter} channels over {world} ranks")
-    return TPPlan(world, attention_plan(n_heads, n_kv, world), even_ranges(inter, world), head_dim)
+    return TPPlan(world, attention_plan(n_heads, n_kv, world), even_ranges(inter, world), head_dim, mt, n_heads,
+                  n_kv, inter)
+
+
+Ranges = list[tuple[int, int]]
+
+
+def _merge(ranges: Ranges) -> Ranges:
+    out: Ranges = []
+    for lo, hi in ranges:
+        if out and out[-1][1] == lo:
+            out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def column_rows(plan: TPPlan, rank: int) -> dict[str, Ranges]:
+    """The output rows (``[lo, hi)`` ranges, in order) that rank ``rank`` keeps of every
+    column-parallel linear (paths inside a decoder layer): q heads, the KV heads they use (some
+    repeated when expanded), MLP rows. A fused q|k|v or gate|up linear keeps each part's rows."""
+    arch = architecture(plan.model_type)
+    a, hd = plan.attn[rank], plan.head_dim
+
+    def heads(hs, base: int = 0) -> Ranges:
+        return [((base + h) * hd, (base + h + 1) * hd) for h in hs]
+
+    q, kv = heads(a.q_heads), heads(a.kv_heads)
+    if arch.fused_attention:
+        attn = {arch.attention[0]: q + heads(a.kv_heads, plan.n_heads) + heads(a.kv_heads, plan.n_heads + plan.n_kv)}
+    else:
+        attn = dict(zip(arch.attention, (q, kv, kv)))
+    lo, hi = plan.mlp[rank]
+    if arch.fused_mlp:
+        mlp = {arch.mlp_in[0]: [(lo, hi), (plan.intermediate + lo, plan.intermediate + hi)]}
+    else:
+        mlp = {p: [(lo, hi)] for p in arch.mlp_in}
+    return {p: _merge(r) for p, r in {**attn, **mlp}.items()}
+
+
+def row_columns(plan: TPPlan, rank: int) -> dict[str, tuple[int, int]]:
+    """The input columns ``[lo, hi)`` rank ``rank`` keeps of each row-parallel linear."""
+    a, hd = plan.attn[rank], plan.head_dim
+    attention_out, mlp_out = architecture(plan.model_type).row_parallel()
+    return {attention_out: (a.q_heads[0] * hd, (a.q_heads[-1] + 1) * hd), mlp_out: plan.mlp[rank]}
 
 
 def row_parallel_splits(config, world: int) -> dict[str, list[int]]:

@@ -98,13 +98,20 @@ class PackedKVLayer(BaseQuantizedLayer):
 
 
 class PackedKVCache(Cache):
-    """``PackedKVCache(config, bits=4)``; pass it to ``model(..., cache=...)`` or ``generate``."""
+    """``PackedKVCache(config, bits=4)``; pass it to ``model(..., cache=...)`` or ``generate``.
+
+    Sliding-window layers (Gemma 2/3, Mistral) keep every token like full-attention ones: the
+    model's sliding-window mask, built over the whole cache, limits what they attend to, so the
+    result is the windowed attention over the stored codes (memory is not capped at the window)."""
+
+    KINDS = ("full_attention", "sliding_attention")
 
     def __init__(self, config, bits: int = 4, symmetric: bool = False):
         config = config.get_text_config(decoder=True)
         types = set(getattr(config, "layer_types", None) or ["full_attention"])
-        if types - {"full_attention"}:
-            raise ValueError(f"PackedKVCache supports full-attention layers only, the model has {sorted(types)}")
+        if types - set(self.KINDS):
+            raise ValueError(f"PackedKVCache supports {' and '.join(self.KINDS)} layers, model_type="
+                             f"{getattr(config, 'model_type', None)!r} has {sorted(types - set(self.KINDS))}")
         super().__init__(layers=[PackedKVLayer(bits, symmetric) for _ in range(config.num_hidden_layers)])
         self.bits, self.symmetric = bits, symmetric
 

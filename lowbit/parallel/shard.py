@@ -4,12 +4,15 @@ The model skeleton is created on the ``meta`` device (no memory); then each line
 decoder layer is replaced by a real one holding only this rank's rows (q/k/v, gate, up:
 column-parallel) or columns (o, down: row-parallel, outputs all-reduced), read with safetensors
 slices so no rank ever materialises a full weight. Embeddings, norms and lm_head are replicated.
-The attention module itself is unchanged: it reshapes with ``view(..., -1, head_dim)``, so it
-picks up the local head counts from the weight shapes; only ``num_key_value_groups`` is set.
+Which rows and columns each linear keeps comes from the architecture's description
+(:func:`lowbit.models.shard_plan.column_rows`, fused q|k|v and gate|up included). The attention
+module itself is unchanged: it reshapes with ``view(..., -1, head_dim)``, so it picks up the
+local head counts from the weight shapes; the counts it reads elsewhere are set to the local ones.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,10 +20,11 @@ import torch
 from torch import nn
 
 from lowbit.io.safetensors_reader import CheckpointReader
+from lowbit.models.architectures import architecture
 from lowbit.models.lazy import materialize_rest, meta_model
-
+from lowbit.models.module_paths import get_path, set_path
+from lowbit.models.shard_plan import TPPlan, column_rows, make_plan, row_columns
 from lowbit.parallel.layers import RowParallelLinear, column_linear
-from lowbit.models.shard_plan import TPPlan, make_plan
 
 
 def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
@@ -31,29 +35,33 @@ def _maybe(reader: CheckpointReader, name: str, fn) -> torch.Tensor | None:
     return fn(name) if name in reader else None
 
 
+def localize_attention(layer: nn.Module, plan: TPPlan, rank: int) -> None:
+    """Give the attention module the head counts of this rank's shard, wherever it reads them at
+    run time (its own attributes, or its config: Phi-3 cuts its fused q|k|v output by
+    ``config.num_attention_heads``)."""
+    a = plan.attn[rank]
+    attn = get_path(layer, architecture(plan.model_type).attention_out.rpartition(".")[0])
+    attn.num_key_value_groups = a.groups
+    for attr, n in (("num_key_value_heads", len(a.kv_heads)), ("num_heads", len(a.q_heads))):
+        if hasattr(attn, attr):
+            setattr(attn, attr, n)
+    if getattr(attn, "config", None) is not None:
+        local = copy.copy(attn.config)
+        local.num_attention_heads, local.num_key_value_heads = len(a.q_heads), len(a.kv_heads)
+        attn.config = local
+
+
 def _shard_layer(layer: nn.Module, prefix: str, reader: CheckpointReader, plan: TPPlan, rank: int,
                  reduce: Callable, dtype: torch.dtype) -> None:
-    a, hd = plan.attn[rank], plan.head_dim
-    q, kv = list(a.q_heads), list(a.kv_heads)
-    attn = layer.self_attn
-    p = prefix + "self_attn."
-    attn.q_proj = column_linear(_cast(reader.row_blocks(p + "q_proj.weight", q, hd), dtype),
-                                _cast(_maybe(reader, p + "q_proj.bias", lambda n: reader.row_blocks(n, q, hd)), dtype))
-    for name in ("k_proj", "v_proj"):
-        w = reader.row_blocks(p + f"{name}.weight", kv, hd)
-        b = _maybe(reader, p + f"{name}.bias", lambda n: reader.row_blocks(n, kv, hd))
-        setattr(attn, name, column_linear(_cast(w, dtype), _cast(b, dtype)))
-    attn.num_key_value_groups = a.groups
-    attn.o_proj = RowParallelLinear(column_linear(_cast(reader.cols(p + "o_proj.weight", q[0] * hd, (q[-1] + 1) * hd), dtype), None),
-                                    _cast(_maybe(reader, p + "o_proj.bias", reader.full), dtype), reduce)
-    mlp = layer.mlp
-    p = prefix + "mlp."
-    lo, hi = plan.mlp[rank]
-    for name in ("gate_proj", "up_proj"):
-        b = _maybe(reader, p + f"{name}.bias", lambda n: reader.rows(n, lo, hi))
-        setattr(mlp, name, column_linear(_cast(reader.rows(p + f"{name}.weight", lo, hi), dtype), _cast(b, dtype)))
-    mlp.down_proj = RowParallelLinear(column_linear(_cast(reader.cols(p + "down_proj.weight", lo, hi), dtype), None),
-                                      _cast(_maybe(reader, p + "down_proj.bias", reader.full), dtype), reduce)
+    for path, ranges in column_rows(plan, rank).items():
+        name = prefix + path
+        b = _maybe(reader, name + ".bias", lambda n: reader.row_ranges(n, ranges))
+        set_path(layer, path, column_linear(_cast(reader.row_ranges(name + ".weight", ranges), dtype), _cast(b, dtype)))
+    for path, (lo, hi) in row_columns(plan, rank).items():
+        name = prefix + path
+        local = column_linear(_cast(reader.cols(name + ".weight", lo, hi), dtype), None)
+        set_path(layer, path, RowParallelLinear(local, _cast(_maybe(reader, name + ".bias", reader.full), dtype), reduce))
+    localize_attention(layer, plan, rank)
 
 
 def load_tp_shard(path: str | Path, rank: int, world: int, reduce: Callable[[torch.Tensor], torch.Tensor],

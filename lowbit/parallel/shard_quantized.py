@@ -23,8 +23,10 @@ from lowbit.checkpoint.opener import TensorFile, open_folder
 from lowbit.models.lazy import materialize_rest
 from lowbit.nn.quant_linear import QuantLinear, QuantLinearLayout
 
+from lowbit.models.module_paths import set_path
+from lowbit.models.shard_plan import TPSplitError, column_rows, make_plan, row_columns
 from lowbit.parallel.layers import RowParallelLinear, column_linear
-from lowbit.models.shard_plan import TPSplitError, make_plan
+from lowbit.parallel.shard import localize_attention
 
 Select = Callable[[str], torch.Tensor]
 
@@ -71,20 +73,13 @@ def _row(reader: TensorFile, name: str, layout: dict, rank: int, lo: int, hi: in
 
 def _shard_layer(layer: nn.Module, prefix: str, reader: TensorFile, layout: dict, plan, rank: int,
                  reduce: Callable) -> None:
-    a, hd = plan.attn[rank], plan.head_dim
-    q, kv = list(a.q_heads), list(a.kv_heads)
     qls = layout.get("quant_linears", {})
-    attn, p = layer.self_attn, prefix + "self_attn."
-    attn.q_proj = _column(reader, p + "q_proj", qls, lambda n: reader.row_blocks(n, q, hd), len(q) * hd)
-    for name in ("k_proj", "v_proj"):
-        setattr(attn, name, _column(reader, p + name, qls, lambda n: reader.row_blocks(n, kv, hd), len(kv) * hd))
-    attn.num_key_value_groups = a.groups
-    attn.o_proj = _row(reader, p + "o_proj", layout, rank, q[0] * hd, (q[-1] + 1) * hd, reduce)
-    mlp, p = layer.mlp, prefix + "mlp."
-    lo, hi = plan.mlp[rank]
-    for name in ("gate_proj", "up_proj"):
-        setattr(mlp, name, _column(reader, p + name, qls, lambda n: reader.rows(n, lo, hi), hi - lo))
-    mlp.down_proj = _row(reader, p + "down_proj", layout, rank, lo, hi, reduce)
+    for path, ranges in column_rows(plan, rank).items():
+        n_rows = sum(hi - lo for lo, hi in ranges)
+        set_path(layer, path, _column(reader, prefix + path, qls, lambda n: reader.row_ranges(n, ranges), n_rows))
+    for path, (lo, hi) in row_columns(plan, rank).items():
+        set_path(layer, path, _row(reader, prefix + path, layout, rank, lo, hi, reduce))
+    localize_attention(layer, plan, rank)
 
 
 def require_world(path, made_for: int, world: int) -> None:

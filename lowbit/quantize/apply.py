@@ -68,8 +68,8 @@ def quantize_model(model: nn.Module, scheme: Scheme, calib_ids: torch.Tensor | N
     ``load_layer(i, layer, device)``: the decoder layers are still on the meta device and this
     loads layer ``i`` when its turn comes (:func:`lowbit.models.lazy.open_from_disk`), so only one
     float layer is ever in memory."""
-    from .rotation import rotate_model; rotate_model(model, scheme.rotation)  # noqa: E702 (float pre-pass, nothing if kind none)
     adapter = get_adapter(model)
+    from .rotation import rotate_model; rotate_model(model, scheme.rotation)  # noqa: E702 (float pre-pass, nothing if kind none)
     if load_layer is not None and adapter.is_moe:
         raise ValueError("quantizing from disk supports dense models; load a mixture-of-experts model whole")
     steps = RecipeSteps.of(scheme, permute_only)
@@ -120,21 +120,21 @@ def _quantize_layers(model: nn.Module, adapter: Adapter, layers: nn.ModuleList, 
         sequential = steps.true_sequential
         for stage in (_stages(groups) if sequential else [groups]):
             names = [n for g in stage for n in g.linears]
-            shared = [g.linears for g in stage if g.norm is not None and not adapter.is_moe]
+            shared = [g.linears for g in stage if g.shared]
             targets = None
             if steps.float_target:
                 heads = [g.linears[0] for g in stage]
-                targets = capture_linear_inputs(flayer, heads, finputs, kwargs)
-            stats = collect_stats(layer, names, inputs, kwargs, shared=shared, targets=targets, stop_early=sequential,
+                targets = capture_linear_inputs(flayer, heads, finputs, kwargs[i])
+            stats = collect_stats(layer, names, inputs, kwargs[i], shared=shared, targets=targets, stop_early=sequential,
                                   make_cache=make_cache if sequential else None)
             for g in stage:
                 perm = _quantize_group(layer, adapter, g, stats, scheme, steps, splits)
                 if perm is not None:
                     report.permutations[f"layers.{i}.{g.linears[0]}"] = perm.tolist()
             del stats, targets
-        inputs = run_layer(layer, inputs, kwargs, make_cache)
+        inputs = run_layer(layer, inputs, kwargs[i], make_cache)
         if steps.float_target:
-            finputs = run_layer(flayer, finputs, kwargs)
+            finputs = run_layer(flayer, finputs, kwargs[i])
             del flayer
 
 
@@ -157,12 +157,12 @@ def _to_device(model: nn.Module, device: str) -> None:
 
 
 def _stages(groups: list[InputGroup]) -> list[list[InputGroup]]:
-    """Groups in forward order, cut where one group's input depends on the one before: a group
-    fed by a norm starts a stage and ends it; groups fed from inside a block (o_proj, the
-    experts' down_proj) stay together until the next norm."""
+    """Groups in forward order, cut where one group's input depends on the one before (the
+    adapter numbers them: attention in, attention out, MLP in, MLP out; all experts' down_proj
+    are one stage)."""
     stages: list[list[InputGroup]] = []
     for g in groups:
-        if g.norm is not None or not stages or stages[-1][-1].norm is not None:
+        if not stages or stages[-1][-1].stage != g.stage:
             stages.append([g])
         else:
             stages[-1].append(g)
@@ -192,5 +192,5 @@ def _quantize_group(layer: nn.Module, adapter: Adapter, group: InputGroup, stats
         xtx = [h[perm][:, perm] for h in xtx]
     weights = [m.weight.detach().float() if perm is None else m.weight.detach().float()[:, perm] for m in mods]
     replace_group_linears(layer, group.linears, mods, weights, xtx, scheme, steps, k, input_perm,
-                          shared_input=group.norm is not None and not adapter.is_moe)
+                          shared_input=group.shared)
     return perm

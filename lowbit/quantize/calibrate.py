@@ -29,33 +29,59 @@ class InputStats:
     cross: torch.Tensor | None = None  # [in, in] X̃ᵀX against float inputs (float targets only)
 
 
+class _Catcher(nn.Module):
+    """Stands in for a decoder layer while the model's forward runs: records what the model
+    passes that layer and hands the hidden states on unchanged (nothing is computed)."""
+
+    def __init__(self, index: int, record, last: bool):
+        super().__init__()
+        self.index, self.record, self.last = index, record, last
+
+    def forward(self, *args, **kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        self.record(self.index, hidden, kwargs)
+        if self.last:
+            raise _StopForward
+        return hidden
+
+
 def capture_layer_inputs(model: nn.Module, layers: nn.ModuleList, ids: torch.Tensor, device: str,
-                         batch_size: int = 1) -> tuple[list[torch.Tensor], dict]:
-    """Hidden states entering ``layers[0]`` (one tensor per batch) and the keyword arguments the
-    model passes every layer (mask, position embeddings), captured by a hook that stops the forward."""
+                         batch_size: int = 1) -> tuple[list[torch.Tensor], list[dict]]:
+    """Hidden states entering ``layers[0]`` (one tensor per batch) and, for every layer, the
+    keyword arguments the model passes it (mask, position embeddings: sliding-window and global
+    layers get different ones, Gemma 3 even different rotary tables). The layers are replaced by
+    stand-ins while this runs, so no layer computes anything."""
     store: list[torch.Tensor] = []
-    kw: dict = {}
+    per_layer: list[dict] = [{} for _ in layers]
+    first = [True]
 
-    def hook(module, args, kwargs):
-        store.append((args[0] if args else kwargs["hidden_states"]).detach())
-        if not kw:
-            kw.update({k: v for k, v in kwargs.items() if k != "hidden_states"})
-        raise _StopForward
+    def record(i: int, hidden: torch.Tensor, kwargs: dict) -> None:
+        if i == 0:
+            store.append(hidden.detach())
+        if first[0]:
+            per_layer[i] = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+        if i == 0 and not first[0]:
+            raise _StopForward  # the other layers' arguments are known already
 
-    handle = layers[0].register_forward_pre_hook(hook, with_kwargs=True)
+    originals = list(layers)
+    for i in range(len(layers)):
+        layers[i] = _Catcher(i, record, i == len(layers) - 1)
     try:
         with torch.no_grad():
-            for i in range(0, ids.shape[0], batch_size):
+            for b in range(0, ids.shape[0], batch_size):
                 try:
-                    model(ids[i:i + batch_size].to(device), use_cache=False)
+                    model(ids[b:b + batch_size].to(device), use_cache=False)
                 except _StopForward:
                     pass
+                first[0] = False
     finally:
-        handle.remove()
-    kw["use_cache"] = False
-    kw.pop("cache", None)
-    kw.pop("past_key_values", None)
-    return store, kw
+        for i, layer in enumerate(originals):
+            layers[i] = layer
+    for kw in per_layer:
+        kw["use_cache"] = False
+        kw.pop("cache", None)
+        kw.pop("past_key_values", None)
+    return store, per_layer
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:

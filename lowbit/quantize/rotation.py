@@ -123,6 +123,8 @@ def rotate_model(model: nn.Module, args: RotationArgs) -> None:
     if not args.enabled:
         return
     adapter = get_adapter(model)
+    if adapter.arch.rotation_missing:  # the architecture's description says why (lowbit.models.architectures)
+        raise RotationError(f"rotation does not support model_type={adapter.model_type!r}: {adapter.arch.rotation_missing}")
     _check(model)
     hidden = model.config.hidden_size
     q1 = Rotation(hidden, args)

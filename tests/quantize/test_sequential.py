@@ -58,7 +58,8 @@ def test_float_target_rejects_bad_statistics():
 def _layer0():
     model = tiny_model("llama")
     layers = model.model.layers
-    inputs, kw = capture_layer_inputs(model, layers, IDS, "cpu")
+    inputs, kws = capture_layer_inputs(model, layers, IDS, "cpu")
+    kw = kws[0]
     return layers[0], inputs, kw
 
 
