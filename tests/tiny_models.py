@@ -1,7 +1,7 @@
 """Tiny random-weight models built from transformers configs (the hub is out of reach), for tests
 of anything that walks a real architecture: Llama, Qwen2, Mistral, Gemma, Mixtral, and the
 architectures people run today (``RECENT_ARCHS``): Gemma 2 and Gemma 3 text (sliding-window and
-global layers, head_dim 256, one KV head for 2 / 3 query heads, soft-capping in Gemma 2), Qwen3 and Qwen3-MoE (a dense
+global layers, head_dim 256, one KV head for 2 query heads, soft-capping in Gemma 2), Qwen3 and Qwen3-MoE (a dense
 layer among the MoE ones), Phi-3 (fused projections), Llama 3.x rope scaling, OLMo 2."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def tiny_config(arch: str, **over):
     extra = {"gemma": dict(head_dim=24), "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
              "mistral": dict(sliding_window=None),
              "gemma2": dict(_GEMMA_NEW, num_attention_heads=2, query_pre_attn_scalar=256),
-             "gemma3_text": dict(_GEMMA_NEW, num_attention_heads=3, hidden_size=96, layer_types=["sliding_attention", "full_attention"]),
+             "gemma3_text": dict(_GEMMA_NEW, num_attention_heads=2, layer_types=["sliding_attention", "full_attention"]),
              "qwen3": dict(num_attention_heads=6, head_dim=16),
              "qwen3_moe": dict(num_attention_heads=6, head_dim=16, num_experts=4, num_experts_per_tok=2,
                                moe_intermediate_size=64, mlp_only_layers=[1]),

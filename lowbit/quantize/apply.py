@@ -75,7 +75,7 @@ def quantize_model(model: nn.Module, scheme: Scheme, calib_ids: torch.Tensor | N
     steps = RecipeSteps.of(scheme, permute_only)
     _check_ids(calib_ids, steps.needs_linear_stats)
     t0 = time.perf_counter()
-    splits = tp_splits(model, scheme, adapter.is_moe)
+    splits = tp_splits(model, scheme)
     adapter.prepare(model)
     report = QuantizeReport(scheme, 0 if calib_ids is None else calib_ids.shape[0],
                             0 if calib_ids is None else calib_ids.shape[1], 0.0, 0)

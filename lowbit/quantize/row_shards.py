@@ -23,16 +23,15 @@ from .recipe_steps import RecipeSteps
 from .weights import quantize_weights
 
 
-def tp_splits(model: nn.Module, scheme: Scheme, is_moe: bool) -> dict[str, list[int]]:
+def tp_splits(model: nn.Module, scheme: Scheme) -> dict[str, list[int]]:
     """Input widths per rank of each row-parallel linear, ``{}`` when quantizing for one rank."""
     world = scheme.tensor_parallel.world
     if world == 1:
         return {}
-    if is_moe:
-        raise ValueError("tensor_parallel.world > 1: tensor parallelism does not support mixture-of-experts models")
     from lowbit.models.shard_plan import row_parallel_splits
 
-    return row_parallel_splits(model.config, world)  # TPSplitError for a model that cannot be split
+    # TPSplitError for a model that cannot be split (MoE, OLMo 2's q/k norms: the architecture says why)
+    return row_parallel_splits(model.config, world)
 
 
 def shard_outliers(k: int, n_in: int, width: int) -> int:

@@ -92,9 +92,12 @@ def test_stages_follow_the_data_dependencies():
     dense = get_adapter(tiny_model("llama")).groups(None)
     assert [[g.linears[0] for g in s] for s in _stages(dense)] == [
         ["self_attn.q_proj"], ["self_attn.o_proj"], ["mlp.gate_proj"], ["mlp.down_proj"]]
-    moe = [InputGroup(QKV, "n1"), InputGroup(["o"]), InputGroup(["e0.up", "e1.up"], "n2"), InputGroup(["e0.down"]),
-           InputGroup(["e1.down"])]
+    moe = [InputGroup(QKV, "n1", stage=0), InputGroup(["o"], stage=1), InputGroup(["e0.up", "e1.up"], "n2", stage=2),
+           InputGroup(["e0.down"], stage=3), InputGroup(["e1.down"], stage=3)]
     assert [len(s) for s in _stages(moe)] == [1, 1, 1, 2]
+    olmo = tiny_model("olmo2")  # no norm feeds any group: the stages still cut at each block
+    groups = get_adapter(olmo).groups(olmo.model.layers[0])
+    assert all(g.norm is None for g in groups) and [len(s) for s in _stages(groups)] == [1, 1, 1, 1]
 
 
 @pytest.mark.parametrize("overrides", [["gptq.true_sequential=true"], ["gptq.float_target=true"],
