@@ -53,10 +53,18 @@ def test_preset_quantizes_runs_and_reloads_bit_for_bit(tmp_path, arch, preset):
     assert 0 < _rel(got, ref) < BOUND.get(preset, 0.6), _rel(got, ref)
     if scheme.weights.enabled:
         assert any(isinstance(m, QuantLinear) for m in model.modules())
-    loaded, _ = load_quantized(save_quantized(model, tmp_path / "q"))
+    folder = save_quantized(model, tmp_path / "q")
+    loaded, _ = load_quantized(folder)
     assert torch.equal(_logits(loaded), got)
     if scheme.kv_cache.enabled:
         _generate_with_int4_cache(loaded)
+    if preset == "w4a4":  # the fast kernels (q/k/v or gate/up in one call, OLMo 2's shared input permutation)
+        from lowbit.checkpoint import load_model
+
+        fast, _ = load_model(str(folder), kernel="cpu")
+        assert fast.lowbit_kernels and not fast.lowbit_kernels.get("kept_reference")
+        # the bound of tests/accelerate/test_load_model_kernels.py: same codes, float sums reordered
+        torch.testing.assert_close(_logits(fast), got, rtol=0, atol=1e-4 * float(got.abs().max()))
 
 
 def _generate_with_int4_cache(model):
