@@ -85,10 +85,10 @@ class TPPlan:
     attn: list[AttnShard]
     mlp: list[tuple[int, int]]  # intermediate rows of each rank
     head_dim: int
-    model_type: str = "llama"
-    n_heads: int = 0
-    n_kv: int = 0
-    intermediate: int = 0
+    model_type: str  # its architecture says which linears are split and how (fused ones by parts)
+    n_heads: int
+    n_kv: int
+    intermediate: int
 
     def describe(self) -> str:
         parts = [f"rank {r}: {len(a.q_heads)} q heads, {len(a.kv_heads)} kv heads, mlp rows {lo}..{hi - 1}"

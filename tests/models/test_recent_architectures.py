@@ -197,3 +197,14 @@ def test_an_unknown_model_type_is_named_with_what_is_missing():
     model.config.model_type = "olmoe"
     with pytest.raises(UnsupportedArchitectureError, match="model_type='olmoe': its layers, norms and linears are not described"):
         quantize_model(model, get_scheme("w4a4"), CALIB, progress=False)
+
+
+def test_a_fused_projection_is_split_by_its_parts():
+    """Phi-3's q|k|v rows: rank 1 of 3 keeps query head 2 and KV head 1 of each of k and v; its
+    gate|up rows: the same MLP rows of both halves."""
+    from lowbit.models.shard_plan import column_rows, row_columns
+
+    plan = make_plan(tiny_config("phi3"), 3)  # 4 heads of 16 over 2 KV heads, MLP 128 = 43 + 43 + 42
+    assert column_rows(plan, 1) == {"self_attn.qkv_proj": [(32, 48), (80, 96), (112, 128)],
+                                    "mlp.gate_up_proj": [(43, 86), (171, 214)]}
+    assert row_columns(plan, 1) == {"self_attn.o_proj": (32, 48), "mlp.down_proj": (43, 86)}
