@@ -99,8 +99,8 @@ class PreparedLinear:
 def prepare(p: LinearParams, device: torch.device | str = "cpu", kernel: str | None = None,
             cpu_method: str | None = None) -> PreparedLinear:
     """Convert ``p`` once into the layout the chosen kernel wants. ``cpu_method`` picks how the
-    W8A8/W4A4 CPU paths get their exact integer products (``native``, the default where it builds,
-    ``float`` or ``int_mm``) and which W4A16 / W8A16 kernel runs (``native``, the default where it
+    W8A8/W4A4 CPU paths get their exact integer products (``gemm``, the batched int8 kernel, default
+    where it wins; ``native``, the GEMV; ``float`` or ``int_mm``) and which W4A16 / W8A16 kernel runs (``native``, the default where it
     builds, or torch's ``int4pack`` / ``int8pack``)."""
     k = choose(p.kind, device, kernel)
     if k == "reference":
