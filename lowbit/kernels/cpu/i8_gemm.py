@@ -25,7 +25,7 @@ from lowbit.kernels.cpu import act_sym
 from lowbit.kernels.cpu.kernel_library import KernelLibrary
 
 PANEL = 16  # rows per panel
-PORTABLE_FLAGS = ("-O3", "-DI8_NO_SIMD")
+PORTABLE_FLAGS = ("-O3", "-DPANEL_NO_SIMD")
 
 
 def _bind(lib: ctypes.CDLL) -> None:

@@ -27,30 +27,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "work_pool.h"
-
-#if defined(__AVX512BW__) && !defined(I8_NO_SIMD)
-#define I8_SIMD 512
-#elif defined(__AVX2__) && !defined(I8_NO_SIMD)
-#define I8_SIMD 256
-#else
-#define I8_SIMD 0
-#endif
+#include "panel_simd.h"
+#define I8_SIMD PANEL_SIMD
 #define ACT_SIMD (I8_SIMD != 0)
 #include "act_sym.h"
 
-#define PANEL 16 /* rows per panel */
-
-/* 0: portable loop; 256 / 512: the vector width; +1 when the dot product is a VNNI instruction */
-int i8_gemm_simd(void) {
-#if I8_SIMD == 512 && defined(__AVX512VNNI__)
-    return 513;
-#elif I8_SIMD == 256 && (defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__)))
-    return 257;
-#else
-    return I8_SIMD;
-#endif
-}
+int i8_gemm_simd(void) { return panel_simd_level(); }
 
 struct i8_args {
     const uint8_t *w;   /* panels */
@@ -71,75 +53,12 @@ struct i8_args {
     float *y;           /* [t, out] */
 };
 
-static inline int32_t load32(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
 #if I8_SIMD == 512
-typedef __m512i vi_t;
-typedef __m512 vf_t;
-#define VL 16
-#ifndef MR
 #define MR 6 /* tokens x NV vectors of 16 rows: 12 accumulators, 2 weight vectors, 1 broadcast */
-#endif
-#ifndef NV
 #define NV 2
-#endif
-#define VLOAD(p) _mm512_loadu_si512((const void *)(p))
-#define VBCAST(p) _mm512_set1_epi32(load32(p))
-#define VZERO() _mm512_setzero_si512()
-#define VMASK4(v) _mm512_and_si512((v), _mm512_set1_epi8(0x0F))
-#define VSHR4(v) _mm512_and_si512(_mm512_srli_epi16((v), 4), _mm512_set1_epi8(0x0F))
-#define VSUB32(a, b) _mm512_sub_epi32((a), (b))
-#define VSET32(v) _mm512_set1_epi32(v)
-#define VADD32(a, b) _mm512_add_epi32((a), (b))
-#define VSLL4(a) _mm512_slli_epi32((a), 4)
-#define VMADDUBS(a, b) _mm512_madd_epi16(_mm512_maddubs_epi16((a), (b)), _mm512_set1_epi16(1))
-#define FZERO() _mm512_setzero_ps()
-#define FLOAD(p) _mm512_loadu_ps(p)
-#define FSTORE(p, v) _mm512_storeu_ps((p), (v))
-#define FSET(v) _mm512_set1_ps(v)
-#define FMUL(a, b) _mm512_mul_ps((a), (b))
-#define FADD(a, b) _mm512_add_ps((a), (b))
-#define FMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
-#define FCVT(a) _mm512_cvtepi32_ps(a)
-#if defined(__AVX512VNNI__)
-#define DOT_VNNI 1
-#define VDPBUSD(acc, u, x) _mm512_dpbusd_epi32((acc), (u), (x))
-#endif
 #elif I8_SIMD == 256
-typedef __m256i vi_t;
-typedef __m256 vf_t;
-#define VL 8
-#define MR 4
+#define MR 4 /* 16 ymm registers: 8 accumulators */
 #define NV 2
-#define VLOAD(p) _mm256_loadu_si256((const __m256i *)(p))
-#define VBCAST(p) _mm256_set1_epi32(load32(p))
-#define VZERO() _mm256_setzero_si256()
-#define VMASK4(v) _mm256_and_si256((v), _mm256_set1_epi8(0x0F))
-#define VSHR4(v) _mm256_and_si256(_mm256_srli_epi16((v), 4), _mm256_set1_epi8(0x0F))
-#define VSUB32(a, b) _mm256_sub_epi32((a), (b))
-#define VSET32(v) _mm256_set1_epi32(v)
-#define VADD32(a, b) _mm256_add_epi32((a), (b))
-#define VSLL4(a) _mm256_slli_epi32((a), 4)
-#define VMADDUBS(a, b) _mm256_madd_epi16(_mm256_maddubs_epi16((a), (b)), _mm256_set1_epi16(1))
-#define FZERO() _mm256_setzero_ps()
-#define FLOAD(p) _mm256_loadu_ps(p)
-#define FSTORE(p, v) _mm256_storeu_ps((p), (v))
-#define FSET(v) _mm256_set1_ps(v)
-#define FMUL(a, b) _mm256_mul_ps((a), (b))
-#define FADD(a, b) _mm256_add_ps((a), (b))
-#define FMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
-#define FCVT(a) _mm256_cvtepi32_ps(a)
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define DOT_VNNI 1
-#define VDPBUSD(acc, u, x) _mm256_dpbusd_epi32((acc), (u), (x))
-#elif defined(__AVXVNNI__)
-#define DOT_VNNI 1
-#define VDPBUSD(acc, u, x) _mm256_dpbusd_avx_epi32((acc), (u), (x))
-#endif
 #endif
 
 #if I8_SIMD
@@ -151,12 +70,6 @@ typedef __m256 vf_t;
 #define DOT_BYTE(acc, u, x) VADD32((acc), VADD32(VSLL4(VMADDUBS(VSHR4(u), (x))), VMADDUBS(VMASK4(u), (x))))
 #endif
 
-/* Offset of vector v's bytes (VL rows starting at row r) at channel k in a panel layout. */
-static inline int64_t vec_at(int64_t r, int64_t k, int64_t kp, int nibbles) {
-    int64_t panel = r / PANEL, half = (r % PANEL) * 4;
-    return nibbles ? (panel * (kp / 8) + k / 8) * 64 + half : (panel * (kp / 4) + k / 4) * 64 + half;
-}
-
 /* The exact products of mr tokens x nv vectors of rows over channels [a, b), into acc. */
 static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV], const uint8_t *w, int nibbles,
                                                            int64_t kp, const int8_t *x, int64_t xstride, int64_t r0,
@@ -167,20 +80,20 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV], con
         for (int64_t k = a; k < b; k += 8) {
             vi_t lo[NV], hi[NV];
             for (int v = 0; v < nv; v++) {
-                vi_t raw = VLOAD(w + vec_at(r0 + v * VL, k, kp, 1));
+                vi_t raw = VLOAD(w + panel_at(r0 + v * VL, k, kp, 1));
                 lo[v] = VMASK4(raw), hi[v] = VSHR4(raw);
             }
             for (int m = 0; m < mr; m++) {
-                vi_t x0 = VBCAST(x + m * xstride + k), x1 = VBCAST(x + m * xstride + k + 4);
+                vi_t x0 = VBCAST32(x + m * xstride + k), x1 = VBCAST32(x + m * xstride + k + 4);
                 for (int v = 0; v < nv; v++) acc[m][v] = DOT_SMALL(DOT_SMALL(acc[m][v], lo[v], x0), hi[v], x1);
             }
         }
     } else {
         for (int64_t k = a; k < b; k += 4) {
             vi_t wv[NV];
-            for (int v = 0; v < nv; v++) wv[v] = VLOAD(w + vec_at(r0 + v * VL, k, kp, 0));
+            for (int v = 0; v < nv; v++) wv[v] = VLOAD(w + panel_at(r0 + v * VL, k, kp, 0));
             for (int m = 0; m < mr; m++) {
-                vi_t xb = VBCAST(x + m * xstride + k);
+                vi_t xb = VBCAST32(x + m * xstride + k);
                 for (int v = 0; v < nv; v++) acc[m][v] = DOT_BYTE(acc[m][v], wv[v], xb);
             }
         }
@@ -251,16 +164,7 @@ static void i8_item(const void *ctx, int64_t item) {
 /* Portable: the same exact integers, the same float steps in the same order, one row at a time. */
 static int32_t dot_row(const uint8_t *w, int nibbles, int64_t kp, const int8_t *x, int64_t r, int64_t a, int64_t b) {
     uint32_t acc = 0; /* wraps as the vector lanes do */
-    for (int64_t k = a; k < b; k++) {
-        uint32_t u;
-        if (nibbles) {
-            int64_t j = k % 8, at = (r / PANEL) * (kp / 8) * 64 + (k / 8) * 64 + (r % PANEL) * 4 + (j & 3);
-            u = j < 4 ? (w[at] & 15u) : (w[at] >> 4u);
-        } else {
-            u = w[(r / PANEL) * (kp / 4) * 64 + (k / 4) * 64 + (r % PANEL) * 4 + k % 4];
-        }
-        acc += u * (uint32_t)(int32_t)x[k];
-    }
+    for (int64_t k = a; k < b; k++) acc += panel_code(w, r, k, kp, nibbles) * (uint32_t)(int32_t)x[k];
     return (int32_t)acc;
 }
 
