@@ -59,20 +59,30 @@ class I8Panels:
     out: int
 
 
+def panel_codes(u: torch.Tensor, bits: int) -> torch.Tensor:
+    """Unsigned codes ``[out_pad, k_pad]`` (out_pad a multiple of 16, k_pad of 8) → panel bytes."""
+    out_pad, k_pad = u.shape
+    u = u.to(torch.uint8)
+    if bits == 8:
+        return u.reshape(out_pad // PANEL, PANEL, k_pad // 4, 4).transpose(1, 2).contiguous()
+    q = u.reshape(out_pad // PANEL, PANEL, k_pad // 8, 2, 4)
+    return (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).transpose(1, 2).contiguous()
+
+
+def panel_rows(t: torch.Tensor, out_pad: int) -> torch.Tensor:
+    """Per-(row, group) values ``[out, groups]`` → ``[out_pad / 16, groups, 16]`` (padded rows 0)."""
+    t = F.pad(t, (0, 0, 0, out_pad - t.shape[0]))
+    return t.reshape(out_pad // PANEL, PANEL, -1).transpose(1, 2).contiguous()
+
+
 def pack(codes: torch.Tensor, scale: torch.Tensor, bits: int, group: int, k_pad: int) -> I8Panels:
     """Signed symmetric codes ``[out, n]`` (INT8 or INT4 values) and their scales ``[out, groups]``
     (groups of ``group`` channels over ``k_pad`` ≥ n, a multiple of 8) → :class:`I8Panels`."""
     out, n = codes.shape
     zero = 128 if bits == 8 else 8
     out_pad = -(-out // PANEL) * PANEL
-    u = F.pad(codes.to(torch.int16) + zero, (0, k_pad - n, 0, out_pad - out)).to(torch.uint8)
-    if bits == 8:
-        panels = u.reshape(out_pad // PANEL, PANEL, k_pad // 4, 4).transpose(1, 2)
-    else:
-        q = u.reshape(out_pad // PANEL, PANEL, k_pad // 8, 2, 4)
-        panels = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).transpose(1, 2)
-    s = F.pad(scale.float(), (0, 0, 0, out_pad - out)).reshape(out_pad // PANEL, PANEL, -1).transpose(1, 2)
-    return I8Panels(panels.contiguous(), s.contiguous(), zero, bits != 8, group, k_pad, out)
+    u = F.pad(codes.to(torch.int16) + zero, (0, k_pad - n, 0, out_pad - out))
+    return I8Panels(panel_codes(u, bits), panel_rows(scale.float(), out_pad), zero, bits != 8, group, k_pad, out)
 
 
 def act_codes(x: torch.Tensor, n_outliers: int, w: I8Panels, bits: int, clip: float,
