@@ -87,40 +87,121 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV][2], 
     }
 }
 
+/* f += float(P) * (w_scale * x_step) for group g, P the exact product of each (token, row). */
+static inline __attribute__((always_inline)) void rescale(vf_t f[MR][NV], vi_t acc[MR][NV][2], const struct a16_args *A,
+                                                          int64_t i0, int64_t r0, int64_t g, const int mr,
+                                                          const int nv) {
+    for (int v = 0; v < nv; v++) {
+        int64_t r = r0 + v * VL, q = ((r / PANEL) * A->ng + g) * PANEL + r % PANEL;
+        vf_t swv = FLOAD(A->sw + q);
+        vi_t zv = VLOAD32(A->zw + q);
+        for (int m = 0; m < mr; m++) {
+            int64_t s = (i0 + m) * A->ng + g;
+            /* rows in order: lane pairs (0, 1) of each half-accumulator summed */
+            vi_t p = VADD32(VSHUF(acc[m][v][0], acc[m][v][1], 0x88), VSHUF(acc[m][v][0], acc[m][v][1], 0xDD));
+            p = VSUB32(p, VMUL32(zv, VSET32(A->xs[s])));
+            f[m][v] = FMA(FCVT(p), FMUL(swv, FSET(A->sx[s])), f[m][v]);
+        }
+    }
+}
+
 static inline __attribute__((always_inline)) void tile(const struct a16_args *A, int64_t i0, int64_t r0, const int mr,
                                                        const int nv) {
     vi_t acc[MR][NV][2];
     vf_t f[MR][NV];
-    const int64_t ng = A->ng;
     for (int m = 0; m < mr; m++)
         for (int v = 0; v < nv; v++) f[m][v] = FZERO();
-    for (int64_t g = 0; g < ng; g++) {
+    for (int64_t g = 0; g < A->ng; g++) {
         int64_t a = g * A->group, b = a + A->group < A->kp ? a + A->group : A->kp;
         dot_tile(acc, A, A->x + i0 * A->kp, r0, a, b, mr, nv);
+        rescale(f, acc, A, i0, r0, g, mr, nv);
+    }
+    for (int m = 0; m < mr; m++)
+        for (int v = 0; v < nv; v++) FSTORE(A->y + (i0 + m) * A->out + r0 + v * VL, f[m][v]);
+}
+
+/* Many tokens: the row tile's weights are widened to int16 once (into buf: the vectors dot_tile
+ * unpacks, in its order, for all kp channels) and read back by every token tile, instead of being
+ * unpacked again for each. buf is per thread, kept between calls (NV * kp / 2 vectors). */
+static __thread vi_t *wide_buf;
+static __thread int64_t wide_cap;
+
+static vi_t *widen(const struct a16_args *A, int64_t r0, int nv) {
+    const int64_t need = NV * A->kp / 2;
+    if (need > wide_cap) {
+        free(wide_buf);
+        wide_buf = aligned_alloc(64, (size_t)need * sizeof(vi_t));
+        wide_cap = wide_buf ? need : 0;
+        if (!wide_buf) return NULL;
+    }
+    vi_t *o = wide_buf;
+    for (int64_t k = 0; k < A->kp; k += A->nibbles ? 8 : 4)
         for (int v = 0; v < nv; v++) {
-            int64_t r = r0 + v * VL, q = ((r / PANEL) * ng + g) * PANEL + r % PANEL;
-            vf_t swv = FLOAD(A->sw + q);
-            vi_t zv = VLOAD32(A->zw + q);
-            for (int m = 0; m < mr; m++) {
-                int64_t s = (i0 + m) * ng + g;
-                /* rows in order: lane pairs (0, 1) of each half-accumulator summed */
-                vi_t p = VADD32(VSHUF(acc[m][v][0], acc[m][v][1], 0x88), VSHUF(acc[m][v][0], acc[m][v][1], 0xDD));
-                p = VSUB32(p, VMUL32(zv, VSET32(A->xs[s])));
-                f[m][v] = FMA(FCVT(p), FMUL(swv, FSET(A->sx[s])), f[m][v]);
+            vi_t raw = VLOAD(A->w + panel_at(r0 + v * VL, k, A->kp, A->nibbles));
+            if (A->nibbles) {
+                vi_t lo = VMASK4(raw), hi = VSHR4(raw);
+                *o++ = VUNPLO8(lo), *o++ = VUNPHI8(lo), *o++ = VUNPLO8(hi), *o++ = VUNPHI8(hi);
+            } else {
+                *o++ = VUNPLO8(raw), *o++ = VUNPHI8(raw);
             }
         }
+    return wide_buf;
+}
+
+static inline __attribute__((always_inline)) void wide_tile(const struct a16_args *A, const vi_t *buf, int64_t i0,
+                                                            int64_t r0, const int mr, const int nv) {
+    vi_t acc[MR][NV][2];
+    vf_t f[MR][NV];
+    const int64_t kp = A->kp;
+    const int16_t *x = A->x + i0 * kp;
+    for (int m = 0; m < mr; m++)
+        for (int v = 0; v < nv; v++) f[m][v] = FZERO();
+    for (int64_t g = 0; g < A->ng; g++) {
+        const int64_t a = g * A->group, b = a + A->group < kp ? a + A->group : kp;
+        for (int m = 0; m < mr; m++)
+            for (int v = 0; v < nv; v++) acc[m][v][0] = acc[m][v][1] = VZERO();
+        if (A->nibbles) {
+            for (int64_t k = a; k < b; k += 8, buf += 4 * nv)
+                for (int m = 0; m < mr; m++) {
+                    vi_t xa = VBCAST64(x + m * kp + k), xb = VBCAST64(x + m * kp + k + 4);
+                    for (int v = 0; v < nv; v++) {
+                        acc[m][v][0] = DOT16(DOT16(acc[m][v][0], buf[4 * v], xa), buf[4 * v + 2], xb);
+                        acc[m][v][1] = DOT16(DOT16(acc[m][v][1], buf[4 * v + 1], xa), buf[4 * v + 3], xb);
+                    }
+                }
+        } else {
+            for (int64_t k = a; k < b; k += 4, buf += 2 * nv)
+                for (int m = 0; m < mr; m++) {
+                    vi_t xa = VBCAST64(x + m * kp + k);
+                    for (int v = 0; v < nv; v++)
+                        acc[m][v][0] = DOT16(acc[m][v][0], buf[2 * v], xa),
+                        acc[m][v][1] = DOT16(acc[m][v][1], buf[2 * v + 1], xa);
+                }
+        }
+        rescale(f, acc, A, i0, r0, g, mr, nv);
     }
     for (int m = 0; m < mr; m++)
         for (int v = 0; v < nv; v++) FSTORE(A->y + (i0 + m) * A->out + r0 + v * VL, f[m][v]);
 }
 
 #define A16_TILE(mr) (nv == NV ? tile(A, i, r0, (mr), NV) : tile(A, i, r0, (mr), 1))
+#define A16_WIDE(mr) (nv == NV ? wide_tile(A, buf, i, r0, (mr), NV) : wide_tile(A, buf, i, r0, (mr), 1))
 
 /* One work item: NV vectors of rows (fewer at the end), every token: tiles of MR tokens, then 2, 1. */
 static void a16_item(const void *ctx, int64_t item) {
     const struct a16_args *A = ctx;
     const int64_t r0 = item * NV * VL;
     const int nv = (A->out - r0) / VL < NV ? (int)((A->out - r0) / VL) : NV;
+    const vi_t *buf = A->t > MR ? widen(A, r0, nv) : NULL; /* NULL (one token tile, or no memory): unpack in place */
+    for (int64_t i = 0; i < A->t && buf;) {
+        const int64_t left = A->t - i;
+        const int mr = left >= MR ? MR : left >= 2 ? 2 : 1;
+        if (mr == MR) A16_WIDE(MR);
+        else if (mr == 2) A16_WIDE(2);
+        else A16_WIDE(1);
+        i += mr;
+    }
+    if (buf) return;
     for (int64_t i = 0; i < A->t;) {
         const int64_t left = A->t - i;
         const int mr = left >= MR ? MR : left >= 2 ? 2 : 1;
