@@ -57,14 +57,6 @@ class W8A8Prepared:
     method: str = "float"
 
 
-@dataclass
-class W8A8GemmPrepared:
-    weight: i8_gemm.I8Panels
-    act: ActSpec
-    bias: torch.Tensor | None
-    method: str = "gemm"
-
-
 def gemm_is_default() -> bool:
     """The batched kernel wins here at every batch: its build has VNNI (odd :func:`i8_gemm.simd`);
     on AMX-INT8 CPUs the GEMV plus ``_int_mm`` stays (measured there, this kernel was not)."""
@@ -73,7 +65,7 @@ def gemm_is_default() -> bool:
 
 @dataclass
 class W8A8NativePrepared:
-    weight: w8_gemv.W8GemvPrepared
+    weight: w8_gemv.W8GemvPrepared | i8_gemm.I8Panels  # the GEMV's layout, or the batched kernel's (method gemm)
     act: ActSpec
     bias: torch.Tensor | None
     method: str = "native"
@@ -96,7 +88,7 @@ def prepare(p: LinearParams, method: str | None = None):
         if not i8_gemm.available():
             raise KernelError("w8a8 gemm: no C compiler could build its kernel (csrc/i8_gemm.c)")
         kp = -(-p.codes.shape[1] // 4) * 4
-        return W8A8GemmPrepared(i8_gemm.pack(p.codes, p.scale, 8, kp, kp), p.act, p.bias)
+        return W8A8NativePrepared(i8_gemm.pack(p.codes, p.scale, 8, kp, kp), p.act, p.bias, "gemm")
     if method == "native":
         return W8A8NativePrepared(w8_gemv.prepare(p.codes, p.scale[:, 0]), p.act, p.bias)
     w = p.codes.contiguous() if method == "int_mm" else p.codes.t().float().contiguous()

@@ -222,9 +222,7 @@ static void a16_item(const void *ctx, int64_t item) {
             for (int64_t g = 0; g < A->ng; g++) {
                 int64_t a = g * A->group, b = a + A->group < A->kp ? a + A->group : A->kp, s = i * A->ng + g;
                 int64_t q = ((r / PANEL) * A->ng + g) * PANEL + r % PANEL;
-                uint32_t acc = 0;
-                for (int64_t k = a; k < b; k++)
-                    acc += panel_code(A->w, r, k, A->kp, A->nibbles) * (uint32_t)(int32_t)A->x[i * A->kp + k];
+                uint32_t acc = panel_dot(A->w, A->nibbles, A->kp, r, a, b, A->x + i * A->kp, 2);
                 int32_t p = (int32_t)(acc - (uint32_t)A->zw[q] * (uint32_t)A->xs[s]);
                 f = fmaf((float)p, A->sw[q] * A->sx[s], f);
             }

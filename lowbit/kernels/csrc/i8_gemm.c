@@ -162,12 +162,6 @@ static void i8_item(const void *ctx, int64_t item) {
 #define I8_ROWS_PER_ITEM (NV * VL)
 #else
 /* Portable: the same exact integers, the same float steps in the same order, one row at a time. */
-static int32_t dot_row(const uint8_t *w, int nibbles, int64_t kp, const int8_t *x, int64_t r, int64_t a, int64_t b) {
-    uint32_t acc = 0; /* wraps as the vector lanes do */
-    for (int64_t k = a; k < b; k++) acc += panel_code(w, r, k, kp, nibbles) * (uint32_t)(int32_t)x[k];
-    return (int32_t)acc;
-}
-
 static void i8_item(const void *ctx, int64_t item) {
     const struct i8_args *A = ctx;
     for (int64_t r = item * PANEL; r < (item + 1) * PANEL; r++)
@@ -175,13 +169,11 @@ static void i8_item(const void *ctx, int64_t item) {
             float f = 0.f;
             for (int64_t g = 0; g < A->ng; g++) {
                 int64_t a = g * A->group, b = a + A->group < A->kp ? a + A->group : A->kp, q = i * A->ng + g;
-                int32_t p = (int32_t)((uint32_t)dot_row(A->w, A->nibbles, A->kp, A->x + i * A->kp, r, a, b) -
-                                      (uint32_t)A->zx[q]);
+                int32_t p = (int32_t)(panel_dot(A->w, A->nibbles, A->kp, r, a, b, A->x + i * A->kp, 1) - (uint32_t)A->zx[q]);
                 f = fmaf((float)p, A->sw[((r / PANEL) * A->ng + g) * PANEL + r % PANEL] * A->sx[q], f);
             }
             if (A->wo) {
-                int32_t p = (int32_t)((uint32_t)dot_row(A->wo, 0, A->kpo, A->xo + i * A->kpo, r, 0, A->kpo) -
-                                      (uint32_t)A->zxo[i]);
+                int32_t p = (int32_t)(panel_dot(A->wo, 0, A->kpo, r, 0, A->kpo, A->xo + i * A->kpo, 1) - (uint32_t)A->zxo[i]);
                 f = f + fmaf((float)p, A->swo[r] * A->sxo[i], 0.f);
             }
             A->y[i * A->out + r] = f;

@@ -50,6 +50,17 @@ static inline uint32_t panel_code(const uint8_t *w, int64_t r, int64_t k, int64_
     return k % 8 < 4 ? (b & 15u) : (uint32_t)(b >> 4);
 }
 
+/* Portable: sum of row r's codes times x[a, b) (int8 when x_bytes is 1, else int16), wrapping modulo
+ * 2^32 as the vector lanes do. */
+static inline uint32_t panel_dot(const uint8_t *w, int nibbles, int64_t kp, int64_t r, int64_t a, int64_t b,
+                                 const void *x, int x_bytes) {
+    uint32_t acc = 0;
+    for (int64_t k = a; k < b; k++)
+        acc += panel_code(w, r, k, kp, nibbles) *
+               (uint32_t)(x_bytes == 1 ? (int32_t)((const int8_t *)x)[k] : (int32_t)((const int16_t *)x)[k]);
+    return acc;
+}
+
 static inline int32_t load32(const void *p) {
     int32_t v;
     memcpy(&v, p, 4);

@@ -9,16 +9,14 @@ import torch
 from lowbit.kernels import from_float
 from lowbit.kernels.cpu import a16_gemm, w4_gemv, w8_gemv, w4a16, w8a16
 from lowbit.kernels.linear_params import LinearParams
+from tests.kernels.cpu.builds import portable_build
 from tests.threads import assert_same_for_thread_counts
 
 pytestmark = pytest.mark.skipif(not a16_gemm.available(), reason="no C compiler for the native kernel")
 
 
 def _portable():
-    lib = a16_gemm.library(a16_gemm.PORTABLE_FLAGS)
-    if lib is None:
-        pytest.skip("portable build failed")
-    return lib
+    return portable_build(a16_gemm.library, a16_gemm.PORTABLE_FLAGS)
 
 
 def _asymmetric(out: int, n: int, group: int, seed: int) -> LinearParams:

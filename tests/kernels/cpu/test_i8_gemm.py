@@ -9,16 +9,14 @@ import torch
 from lowbit.kernels import from_float
 from lowbit.kernels.cpu import i8_gemm, w4a4, w8a8
 from lowbit.kernels.linear_params import KernelError
+from tests.kernels.cpu.builds import portable_build
 from tests.threads import assert_same_for_thread_counts
 
 pytestmark = pytest.mark.skipif(not i8_gemm.available(), reason="no C compiler for the native kernel")
 
 
 def _portable():
-    lib = i8_gemm.library(i8_gemm.PORTABLE_FLAGS)
-    if lib is None:
-        pytest.skip("portable build failed")
-    return lib
+    return portable_build(i8_gemm.library, i8_gemm.PORTABLE_FLAGS)
 
 
 @pytest.mark.parametrize("out,n", [(37, 333), (16, 4), (33, 200), (64, 96), (1, 1)])
