@@ -12,21 +12,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 CHECK = r'''
-import sys, torch
+import itertools, sys, torch
 import lowbit
 assert lowbit.__file__.startswith(sys.argv[1]), lowbit.__file__
 from lowbit.comm.codecs import native as codecs_native
 from lowbit.kernels import from_float, prepare, reference
-from lowbit.kernels.cpu import decode_ops, w4_gemv, w8_gemv
+from lowbit.kernels.cpu import a16_gemm, decode_ops, i8_gemm, w4_gemv, w8_gemv
 built = {"codecs": codecs_native.available(), "w4": w4_gemv.available(), "w8": w8_gemv.available(),
-         "decode_ops": decode_ops.library() is not None}
+         "decode_ops": decode_ops.library() is not None, "i8_gemm": i8_gemm.available(),
+         "a16_gemm": a16_gemm.available()}
 assert all(built.values()), built
 torch.manual_seed(0)
 x = torch.randn(3, 256)
-for kind in ("w4a16", "w8a16", "w8a8", "w4a4"):
+for kind, method in itertools.product(("w4a16", "w8a16", "w8a8", "w4a4"), ("native", "gemm")):
     p = from_float(torch.randn(64, 256), kind, group=128)
-    lin = prepare(p)
-    assert lin.kernel == "cpu:native", (kind, lin.kernel)
+    lin = prepare(p, cpu_method=method)
+    assert lin.kernel == f"cpu:{method}", (kind, lin.kernel)
     y, ref = lin(x), reference.linear(x, p)
     assert torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-2 * float(ref.abs().max())), kind
 print("native kernels ok:", sorted(built))

@@ -9,7 +9,7 @@ def report() -> dict:
     import torch
 
     from lowbit.comm.codecs import native as codecs_native
-    from lowbit.kernels.cpu import decode_ops, w4_gemv, w8_gemv
+    from lowbit.kernels.cpu import a16_gemm, decode_ops, i8_gemm, w4_gemv, w8_gemv
     from lowbit.kernels import from_float, prepare
     from lowbit.native import isa
     from lowbit.native.cpu_features import cpu_info
@@ -17,6 +17,8 @@ def report() -> dict:
     libs = [("all-reduce codecs", codecs_native.available, codecs_native._LIB),
             ("4-bit linear", w4_gemv.available, w4_gemv._LIB),
             ("8-bit linear", w8_gemv.available, w8_gemv._LIB),
+            ("batched int8 linear", i8_gemm.available, i8_gemm._LIB),
+            ("batched A16 linear", a16_gemm.available, a16_gemm._LIB),
             ("decode ops", lambda: decode_ops.library() is not None, decode_ops._LIB)]
     kernels = {}
     for kind in ("w4a16", "w8a16", "w8a8", "w4a4"):

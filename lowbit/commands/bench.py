@@ -100,7 +100,8 @@ def _gemm(kinds) -> None:
     p.add_argument("--batches", type=int_list, default="1,8,64,512")
     p.add_argument("--kernels", default=",".join(gemm.KERNELS),
                    help="fp32,bf16 and quantized kinds w4a16,w8a16,w8a8,w4a4; KIND@METHOD picks a CPU "
-                        "method other than the default native kernel: w8a8/w4a4@float (exact products "
+                        "method other than the default: w8a8/w4a4@gemm (lowbit's batched int8 kernel, "
+                        "the default where it wins), w8a8/w4a4@native (lowbit's GEMV), w8a8/w4a4@float (exact products "
                         "through float32 SGEMM), w8a8/w4a4@int_mm (torch._int_mm, slow without "
                         "VNNI/AMX), w4a16@int4pack / w8a16@int8pack (torch's int4 / int8 matmul)")
     p.add_argument("--kernel", default=None, choices=["auto", "reference", "cpu", "triton"],

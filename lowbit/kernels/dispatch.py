@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from lowbit.kernels.cpu import w4_gemv, w4a4, w4a16, w8_gemv, w8a8, w8a16
+from lowbit.kernels.cpu import a16_gemm, w4_gemv, w4a4, w4a16, w8_gemv, w8a8, w8a16
 from lowbit.kernels import reference
 from lowbit.kernels.triton import w4a4 as triton_w4a4
 from lowbit.kernels.linear_params import KernelError, LinearParams
@@ -71,7 +71,9 @@ class PreparedLinear:
     def __post_init__(self) -> None:
         # the native A16 kernels take [..., in] in float32 or bf16 as they are (one call, no reshapes)
         self._direct = None
-        if self.kind == "w4a16" and isinstance(self.state, w4_gemv.W4GemvPrepared):
+        if self.kind in ("w4a16", "w8a16") and isinstance(self.state, a16_gemm.A16Panels):
+            self._direct = a16_gemm.run
+        elif self.kind == "w4a16" and isinstance(self.state, w4_gemv.W4GemvPrepared):
             self._direct = w4_gemv.run
         elif self.kind == "w8a16" and isinstance(self.state, w8_gemv.W8GemvPrepared):
             self._direct = w8_gemv.run
@@ -98,10 +100,10 @@ class PreparedLinear:
 
 def prepare(p: LinearParams, device: torch.device | str = "cpu", kernel: str | None = None,
             cpu_method: str | None = None) -> PreparedLinear:
-    """Convert ``p`` once into the layout the chosen kernel wants. ``cpu_method`` picks how the
-    W8A8/W4A4 CPU paths get their exact integer products (``native``, the default where it builds,
-    ``float`` or ``int_mm``) and which W4A16 / W8A16 kernel runs (``native``, the default where it
-    builds, or torch's ``int4pack`` / ``int8pack``)."""
+    """Convert ``p`` once into the layout the chosen kernel wants. ``cpu_method`` picks the CPU
+    kernel: lowbit's batched ``gemm`` or its GEMV ``native`` (the default is the one that wins on
+    this build, see each kind's module), or for W8A8/W4A4 the ``float`` / ``int_mm`` routes to the
+    exact integer products, for W4A16 / W8A16 torch's ``int4pack`` / ``int8pack``."""
     k = choose(p.kind, device, kernel)
     if k == "reference":
         return PreparedLinear(p.kind, k, p.to(device), reference.linear, p.in_features, p.out_features)

@@ -6,6 +6,7 @@ from torch import nn
 
 from lowbit.accelerate import KernelLinear, accelerate
 from lowbit.kernels import from_quant_linear
+from lowbit.kernels.cpu import w4a4
 from lowbit.nn.quant_linear import QuantLinear
 from lowbit.formats.scheme import ActArgs, WeightArgs
 from lowbit.formats.quantized_weight import rtn
@@ -43,10 +44,12 @@ def test_params_dequantize_equals_module():
 def test_accelerate_swaps_supported_layers_only():
     fp4 = QuantLinear.from_quantized(
         rtn(torch.randn(16, 128), WeightArgs(bits=4, group_size=32, format="fp4"), 0, "int8"), None, None, None, "int8")
-    model = nn.Sequential(_ql("w4a4", k=32), nn.ReLU(), fp4)
+    w4a4_linear = _ql("w4a4", k=32)
+    method = w4a4.default_method(from_quant_linear(w4a4_linear))  # the GEMV or the batched kernel, by build
+    model = nn.Sequential(w4a4_linear, nn.ReLU(), fp4)
     counts = accelerate(model)
     assert isinstance(model[0], KernelLinear) and isinstance(model[2], QuantLinear)
-    assert counts == {"w4a4:cpu:native": 1, "kept_reference": 1}
+    assert counts == {f"w4a4:cpu:{method}": 1, "kept_reference": 1}
 
 
 def test_asymmetric_w4a16_layer():
@@ -62,8 +65,9 @@ def test_asymmetric_w4a16_layer():
     assert torch.all((kl(x) - ql(x)).abs() <= 2.0 ** -7 * mag + 1e-6)
 
 
-@pytest.mark.parametrize("kind,mod", [("w4a16", "cpu.w4_gemv"), ("w8a16", "cpu.w8_gemv")])
-def test_native_weights_deep_copy_their_own_pointers(kind, mod):
+@pytest.mark.parametrize("kind,method,mod", [("w4a16", "native", "cpu.w4_gemv"), ("w8a16", "native", "cpu.w8_gemv"),
+                                             ("w4a16", "gemm", "cpu.a16_gemm"), ("w8a16", "gemm", "cpu.a16_gemm")])
+def test_native_weights_deep_copy_their_own_pointers(kind, method, mod):
     """The native kernels cache raw pointers: a deep copy must point at its own tensors, so it
     still computes after the original is gone."""
     import copy
@@ -74,9 +78,9 @@ def test_native_weights_deep_copy_their_own_pointers(kind, mod):
     m = importlib.import_module(f"lowbit.kernels.{mod}")
     if not m.available():
         pytest.skip("no C compiler for the native kernel")
-    st = prepare(from_float(torch.randn(8, 128), kind)).state
+    st = prepare(from_float(torch.randn(8, 128), kind), cpu_method=method).state
     twin = copy.deepcopy(st)
-    assert twin.args[0] == twin.packed.data_ptr() != st.args[0]
+    assert twin.args[0] == (twin.panels if method == "gemm" else twin.packed).data_ptr() != st.args[0]
     x = torch.randn(2, 128)
     expect = m.run(x, st)
     del st

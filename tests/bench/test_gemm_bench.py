@@ -3,9 +3,12 @@
 import json
 
 import pytest
+import torch
 
 from lowbit.bench.gemm import _finish, parse_shapes, tensor_bytes
 from lowbit.cli import main
+from lowbit.kernels import from_float
+from lowbit.kernels.cpu import w4a4, w4a16
 
 
 def test_parse_shapes():
@@ -48,8 +51,11 @@ def test_gemm_end_to_end(tmp_path):
     data = json.loads((out / "gemm.json").read_text())
     rows = data["rows"]
     assert len(rows) == 14 and (out / "gemm.png").stat().st_size > 0 and (out / "gemm.csv").exists()
-    assert {r["impl"] for r in rows if r["kernel"].startswith("w4a4")} == {"cpu:native", "cpu:int_mm"}
-    assert {r["impl"] for r in rows if r["kernel"].startswith("w4a16")} == {"cpu:native", "cpu:int4pack"}
+    w4 = from_float(torch.zeros(48, 256), "w4a4", group=128)
+    assert {r["impl"] for r in rows if r["kernel"].startswith("w4a4")} == {f"cpu:{w4a4.default_method(w4)}", "cpu:int_mm"}
+    w4 = from_float(torch.zeros(48, 256), "w4a16", group=128)
+    assert {r["impl"] for r in rows if r["kernel"].startswith("w4a16")} == {f"cpu:{w4a16.default_method(w4)}",
+                                                                            "cpu:int4pack"}
     for r in rows:
         assert r["ms"] > 0 and r["roofline_ms"] > 0 and r["x_vs_bf16"] > 0
         floats = {f["kernel"]: f["ms"] for f in rows if f["shape"] == r["shape"] and f["batch"] == r["batch"]

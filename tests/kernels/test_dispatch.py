@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from lowbit.kernels import KernelError, choose, from_float, linear, prepare, reference
+from lowbit.kernels.cpu import w4a4
 from lowbit.kernels.triton import w4a4 as triton_w4a4
 
 
@@ -25,7 +26,8 @@ def test_env_forces_reference(monkeypatch):
     x = torch.randn(3, 128)
     assert pl.kernel == "reference"
     assert torch.equal(pl(x), reference.linear(x, p))
-    assert prepare(p, "cpu", kernel="cpu").kernel == "cpu:native"  # the argument wins over the env
+    # the argument wins over the env
+    assert prepare(p, "cpu", kernel="cpu").kernel == f"cpu:{w4a4.default_method(p)}"
     assert prepare(p, "cpu", kernel="cpu", cpu_method="int_mm").kernel == "cpu:int_mm"
 
 

@@ -7,12 +7,12 @@ import torch
 
 from lowbit.comm.codecs import native as codecs_native
 from lowbit.native import cbuild, isa
-from lowbit.kernels.cpu import decode_ops, w4_gemv, w8_gemv
+from lowbit.kernels.cpu import a16_gemm, decode_ops, i8_gemm, w4_gemv, w4a4, w8_gemv, w8a8
 from lowbit.kernels import from_float
 from lowbit.native.isa import ISAError
 
-SOURCES = {"w4": w4_gemv._LIB.src, "w8": w8_gemv._LIB.src, "decode_ops": decode_ops._LIB.src,
-           "codecs": codecs_native._SRC}
+SOURCES = {"w4": w4_gemv._LIB.src, "w8": w8_gemv._LIB.src, "i8_gemm": i8_gemm._LIB.src, "a16_gemm": a16_gemm._LIB.src,
+           "decode_ops": decode_ops._LIB.src, "codecs": codecs_native._SRC}
 X86 = pytest.mark.skipif(not isa.x86(), reason="ISA variants are x86-64 target flags")
 
 
@@ -54,6 +54,38 @@ def _w8_outputs(lib):
     return [w8_gemv.run(x, w, lib), w8_gemv.quantize_and_run(x, w, 8, 1.0, lib=lib)]
 
 
+def _i8_outputs(lib):
+    """W4A4 (INT4 panels, INT8 outliers fused) and W8A8 (INT8 panels) over tails of the token and row
+    tiles; each variant's dot product (vpdpbusd, vpmaddubsw, nibble-split) gives the same integers."""
+    torch.manual_seed(4)
+    out = []
+    p4 = from_float(torch.randn(50, 333), "w4a4", group=64, n_outliers=13, act_clip=0.9)
+    p8 = from_float(torch.randn(50, 301), "w8a8")
+    w4, w8 = w4a4.prepare(p4, "gemm"), w8a8.prepare(p8, "gemm")
+    for t in (1, 7, 13):
+        x = torch.randn(t, 333) * 3
+        out.append(i8_gemm.run_codes(i8_gemm.act_codes(x, 13, w4.normal, 4, 0.9, lib), w4.normal, w4.outlier, lib))
+        c = i8_gemm.act_codes(x[:, :301] * 9, 0, w8.weight, 8, 1.0, lib)
+        out.append(i8_gemm.run_codes(c, w8.weight, lib=lib))
+    return out
+
+
+def _a16_outputs(lib):
+    """W4A16 (zero points, groups of 64) and W8A16 over tails of the token and row tiles, float32 and
+    bfloat16 in; each variant's int16 dot product (vpdpwssd, vpmaddwd) gives the same integers."""
+    torch.manual_seed(5)
+    from tests.kernels.cpu.test_a16_gemm import _asymmetric
+
+    w4 = a16_gemm.prepare_w4(_asymmetric(50, 333, 64, seed=5))
+    p8 = from_float(torch.randn(50, 301), "w8a16")
+    w8 = a16_gemm.prepare_w8(p8.codes, p8.scale[:, 0])
+    out = []
+    for t in (1, 6, 13):
+        x = torch.randn(t, 333) * torch.linspace(0.1, 5, 333)
+        out += [a16_gemm.run(x, w4, lib), a16_gemm.run(x.bfloat16(), w4, lib), a16_gemm.run(x[:, :301], w8, lib)]
+    return out
+
+
 def _decode_outputs(lib):
     """RMSNorm and rotary: the same bits in every build (the attention is within its float32 bound
     instead, checked for each variant below)."""
@@ -84,6 +116,8 @@ def _codec_outputs(lib):
 
 OUTPUTS = {"w4": (_w4_outputs, w4_gemv.library, w4_gemv.PORTABLE_FLAGS),
            "w8": (_w8_outputs, w8_gemv.library, w8_gemv.PORTABLE_FLAGS),
+           "i8_gemm": (_i8_outputs, i8_gemm.library, i8_gemm.PORTABLE_FLAGS),
+           "a16_gemm": (_a16_outputs, a16_gemm.library, a16_gemm.PORTABLE_FLAGS),
            "decode_ops": (_decode_outputs, decode_ops.library, ("-O3",)),
            "codecs": (_codec_outputs, codecs_native.variant, codecs_native.PORTABLE_FLAGS)}
 

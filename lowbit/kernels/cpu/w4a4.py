@@ -10,6 +10,11 @@ group), so groups cannot share one integer accumulator. Three ways to get the ex
   kernel (:mod:`.w4_gemv`) reads the packed half-byte weights and sums each group's integer
   products exactly in int32 (``vpmaddwd``), then rescales in float32; about 4x faster than
   ``float`` at batch 1, and the weights stay 4-bit in memory.
+- ``gemm`` (the default instead where its build has AVX2 or wider): lowbit's batched int8 kernel
+  (:mod:`.i8_gemm`): the INT4 codes as bytes in ``vpdpbusd`` (VNNI) or ``vpmaddubsw`` (exact for
+  4-bit values) over tiles of 6 tokens x 32 rows, the INT8 outlier part in the same call; the same
+  bits as ``native`` (tested), faster at every batch measured (4096², AVX-512 VNNI, loaded: 0.24
+  against 0.64 ms at batch 1, 13.6 against 84 ms at 64; on this CPU's AVX2 build 1.5-2.7x).
 - ``int_mm``: one int8 x int8 → int32 ``torch._int_mm`` per group. True integer arithmetic,
   but on CPUs without VNNI/AMX torch runs it as a slow generic loop (measured ~0.4 GOP/s on
   this AVX2 machine, 20-100x slower than fp32 SGEMM).
@@ -33,12 +38,12 @@ from dataclasses import dataclass
 import torch
 
 from lowbit.formats.grid import to_groups
-from lowbit.kernels.cpu import w4_gemv, w8_gemv
+from lowbit.kernels.cpu import i8_gemm, w4_gemv, w8_gemv
 from lowbit.kernels.cpu.method_choice import pick_method
 from lowbit.kernels.token_codes import IntActivation, quantize_tokens
 from lowbit.kernels.linear_params import ActSpec, KernelError, LinearParams
 
-METHODS = ("native", "float", "int_mm")
+METHODS = ("native", "gemm", "float", "int_mm")
 EXACT_CHUNK = 1024  # int8 x int8 products ≤ 2^14: sums of ≤ 1024 stay below 2^24
 _CHUNK_BYTES = 32 << 20  # cap on the [groups, tokens, out] float32 partial products held at once
 
@@ -67,12 +72,24 @@ class W4A4NativePrepared:
     outlier_native: w8_gemv.W8GemvPrepared | None = None  # the INT8 outliers for the 8-bit kernel
 
 
+@dataclass
+class W4A4GemmPrepared:
+    normal: i8_gemm.I8Panels  # INT4 panels of the normal channels
+    outlier: i8_gemm.I8Panels | None  # INT8 panels of the outlier channels (None: none)
+    n_outliers: int
+    act: ActSpec
+    bias: torch.Tensor | None
+    method: str = "gemm"
+
+
 def available() -> bool:
     return hasattr(torch, "_int_mm")
 
 
 def default_method(p: LinearParams) -> str:
-    return "native" if w4_gemv.usable(p) else "float"
+    if not w4_gemv.usable(p):
+        return "float"
+    return "gemm" if i8_gemm.simd() else "native"
 
 
 def prepare(p: LinearParams, method: str | None = None):
@@ -87,6 +104,8 @@ def prepare(p: LinearParams, method: str | None = None):
         raise KernelError(f"weight group {g} != activation group {p.act.group}: scales would not align")
     if p.act.bits > 4 or g * 64 >= 2 ** 24:
         raise KernelError(f"exact float32 group products need INT4 activations and g·64 < 2^24, got A{p.act.bits} g{g}")
+    if method == "gemm":
+        return _prepare_gemm(p, g)
     if method == "native":
         o8 = w8_gemv.prepare(p.outlier, p.outlier_scale) if p.n_outliers and w8_gemv.available() else None
         # the float32 copy only where the 8-bit kernel did not build (else [k, 0]: no bytes, k kept)
@@ -101,6 +120,18 @@ def prepare(p: LinearParams, method: str | None = None):
     else:
         w, o = w.permute(1, 2, 0).float().contiguous(), p.outlier.t().float().contiguous()
     return W4A4Prepared(w, p.scale.t().contiguous(), o, p.outlier_scale.contiguous(), p.act, n, g, p.bias, method)
+
+
+def _prepare_gemm(p: LinearParams, g: int) -> W4A4GemmPrepared:
+    if not i8_gemm.available():
+        raise KernelError("w4a4 gemm: no C compiler could build its kernel (csrc/i8_gemm.c)")
+    n, k = p.n_normal, p.n_outliers
+    g = w4_gemv.check_group(n, g)  # the native kernel's groups, so the same activation codes
+    kp = -(-n // w4_gemv.CHUNK) * w4_gemv.CHUNK
+    normal = i8_gemm.pack(p.codes, p.scale, 4, g if g != n else kp, kp)
+    ko = -(-k // 4) * 4
+    outlier = i8_gemm.pack(p.outlier, p.outlier_scale[:, None], 8, ko, ko) if k else None
+    return W4A4GemmPrepared(normal, outlier, k, p.act, p.bias)
 
 
 def _group_codes(a: IntActivation, w: W4A4Prepared) -> torch.Tensor:
@@ -161,6 +192,10 @@ def _run_native(x: torch.Tensor, w: W4A4NativePrepared) -> torch.Tensor:
 
 
 def run(x: torch.Tensor, w) -> torch.Tensor:
+    if w.method == "gemm":  # codes, both exact products and their float32 rescales in two C calls
+        c = i8_gemm.act_codes(x, w.n_outliers, w.normal, w.act.bits, w.act.clip)
+        y = i8_gemm.run_codes(c, w.normal, w.outlier)
+        return y + w.bias if w.bias is not None else y
     if w.method == "native":
         return _run_native(x, w)
     k = w.outlier.shape[1] if w.method == "int_mm" else w.outlier.shape[0]

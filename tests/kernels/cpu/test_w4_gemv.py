@@ -8,7 +8,7 @@ for these sizes: a few dozen float32 additions, each 2^-24 relative).
 import pytest
 import torch
 
-from lowbit.kernels.cpu import w4_gemv, w4a16
+from lowbit.kernels.cpu import a16_gemm, w4_gemv, w4a16
 from lowbit.kernels import from_float
 from lowbit.kernels.linear_params import KernelError, LinearParams
 from tests.threads import assert_same_for_thread_counts
@@ -123,11 +123,13 @@ def test_bfloat16_in_and_out_is_the_float_path_rounded():
 
 
 def test_method_choice():
-    assert w4a16.default_method(from_float(torch.randn(16, 256), "w4a16", group=128)) == "native"
+    expect = "gemm" if a16_gemm.simd() else "native"  # the batched kernel where its build has SIMD
+    assert w4a16.default_method(from_float(torch.randn(16, 256), "w4a16", group=128)) == expect
     p32 = from_float(torch.randn(16, 256), "w4a16", group=32)
     assert w4a16.default_method(p32) == "int4pack"
-    with pytest.raises(KernelError, match="multiple of 64"):
-        w4a16.prepare(p32, "native")
+    for method in ("native", "gemm"):
+        with pytest.raises(KernelError, match="multiple of 64"):
+            w4a16.prepare(p32, method)
     wide = from_float(torch.randn(4, 4160), "w4a16", group=0)  # one group of 4160 > MAX_GROUP
     assert w4a16.default_method(wide) == "int4pack"
     with pytest.raises(KernelError, match="overflow"):

@@ -8,7 +8,7 @@ s_b = absmax_b/32767, so |Δy| ≤ Σ_b s_b/2·Σ_{k∈b}|w_k|) and float32 resc
 import pytest
 import torch
 
-from lowbit.kernels.cpu import w8_gemv, w8a16
+from lowbit.kernels.cpu import a16_gemm, w8_gemv, w8a16
 from lowbit.kernels import from_float
 from lowbit.kernels.linear_params import LinearParams
 from tests.threads import assert_same_for_thread_counts
@@ -25,13 +25,14 @@ def _bound(x: torch.Tensor, p: LinearParams) -> torch.Tensor:
     return s / 2 @ wsum.t() + 2.0 ** -20 * (xa @ w.t()) + 1e-12
 
 
+@pytest.mark.parametrize("method", ["native", "gemm"])
 @pytest.mark.parametrize("t,out,n", [(1, 4096, 4096), (3, 1536, 576), (5, 37, 200), (9, 64, 1000), (0, 8, 64)])
-def test_native_within_int16_bound(t, out, n):
+def test_native_within_int16_bound(t, out, n, method):
     torch.manual_seed(t + out + n)
     p = from_float(torch.randn(out, n) / n ** 0.5, "w8a16", bias=torch.randn(out))
     x = torch.randn(t, n) * 3
-    st = w8a16.prepare(p)
-    assert st.method == "native"
+    st = w8a16.prepare(p, method)
+    assert st.method == method
     y = w8a16.run(x, st)
     ref = x.double() @ p.dequantize().double().t() + p.bias.double()
     assert y.shape == (t, out) and y.dtype == torch.float32
@@ -45,13 +46,14 @@ def test_extreme_values_do_not_overflow():
     codes[4:] = -127
     p = LinearParams("w8a16", codes, torch.ones(8, 1), None, 0, torch.zeros(8, 0, dtype=torch.int8), torch.ones(8), None)
     x = torch.full((1, 1024), -3.5)
-    y = w8a16.run(x, w8a16.prepare(p))
-    assert torch.equal(y[0], torch.tensor([-1024 * 127 * 3.5] * 4 + [1024 * 127 * 3.5] * 4))
+    for method in ("native", "gemm"):  # the batched kernel's Σ(c + 128)·x wraps; the product it returns must not
+        y = w8a16.run(x, w8a16.prepare(p, method))
+        assert torch.equal(y[0], torch.tensor([-1024 * 127 * 3.5] * 4 + [1024 * 127 * 3.5] * 4)), method
 
 
 def test_portable_build_batches_threads_and_bf16_agree():
     p = from_float(torch.randn(70, 600), "w8a16")
-    st = w8a16.prepare(p)
+    st = w8a16.prepare(p, "native")
     x = torch.randn(7, 600) * torch.linspace(0.01, 10, 600)
     y = w8_gemv.run(x, st)
     lib = w8_gemv.library(w8_gemv.PORTABLE_FLAGS)
@@ -66,7 +68,7 @@ def test_portable_build_batches_threads_and_bf16_agree():
 
 def test_bfloat16_in_and_out_and_nonfinite_tokens():
     p = from_float(torch.randn(40, 576), "w8a16")
-    st = w8a16.prepare(p)
+    st = w8a16.prepare(p, "native")
     x = (torch.randn(3, 576) * 4).bfloat16()
     y = w8_gemv.run(x, st)
     assert y.dtype == torch.bfloat16
@@ -80,5 +82,5 @@ def test_bfloat16_in_and_out_and_nonfinite_tokens():
 
 def test_method_choice():
     p = from_float(torch.randn(16, 256), "w8a16")
-    assert w8a16.prepare(p).method == "native"
+    assert w8a16.prepare(p).method == w8a16.default_method() == ("gemm" if a16_gemm.simd() >= 512 else "native")
     assert w8a16.prepare(p, "int8pack").method == "int8pack"

@@ -1,0 +1,112 @@
+"""lowbit's batched W4A16 / W8A16 CPU kernel (``csrc/a16_gemm.c``): the GEMV kernels' int16
+arithmetic (:mod:`.w4_gemv`, :mod:`.w8_gemv`) over register tiles of 4 tokens x 32 rows (AVX-512;
+3 x 8 with AVX2), each weight vector unpacked once per tile instead of once per token and row.
+
+Activations are rounded to int16 per group exactly as the GEMVs round them, and each (token, row,
+group) product is the same exact int32 with the same float32 steps, so the results are the GEMVs'
+bits (tested), with their error bounds: W4A16 within Σ_g (s_g/2)·Σ|w| + 2^-20·Σ|x||w|, W8A16 the
+same per block of 256 channels (s_g = absmax/32767 of the group or block).
+
+Layout: the row panels of :mod:`.i8_gemm` (unsigned 4-bit codes, or INT8 codes + 128), with
+scales and zero points per (row, group) as ``[out/16, groups, 16]``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from lowbit.kernels.cpu import a16_linear, i8_gemm, w4_gemv
+from lowbit.kernels.cpu.kernel_library import KernelLibrary
+from lowbit.kernels.linear_params import KernelError, LinearParams
+
+PORTABLE_FLAGS = ("-O3", "-DPANEL_NO_SIMD")
+W8_BLOCK = 256  # W8A16's activation blocks, as the 8-bit GEMV's (its int32 sums cannot overflow)
+
+
+def _bind(lib: ctypes.CDLL) -> None:
+    i64, vp, ci = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    lib.a16_gemm_linear.argtypes = [vp, ci, vp, vp, i64, i64, i64, i64, i64, vp, ci, i64, vp, ci, ci]
+    lib.a16_gemm_linear.restype = ci
+    lib.a16_gemm_simd.restype = ci
+
+
+_LIB = KernelLibrary("a16 gemm", "a16_gemm.c", _bind)
+
+# library(flags=None): the best build, or one with ``flags`` (e.g. PORTABLE_FLAGS); None if none builds
+library, available, _built = _LIB.get, _LIB.available, _LIB.built
+
+
+def simd(lib: ctypes.CDLL | None = None) -> int:
+    """0 (portable loop), 256 or 512 (vector width), +1 with VNNI (``vpdpwssd``)."""
+    lib = lib or library()
+    return 0 if lib is None else int(lib.a16_gemm_simd())
+
+
+@dataclass
+class A16Panels:
+    panels: torch.Tensor  # uint8 row panels (i8_gemm.panel_codes)
+    scale: torch.Tensor  # float32 [out_pad / 16, n_groups, 16]
+    zero: torch.Tensor  # int32 [out_pad / 16, n_groups, 16]
+    nibbles: bool
+    group: int
+    n_in: int
+    k_pad: int
+    out: int
+    bias: torch.Tensor | None
+    method: str = "gemm"
+
+    def __post_init__(self) -> None:
+        # the weight half of a16_gemm_linear's arguments, built once: a decode step calls every layer
+        self.args = (self.panels.data_ptr(), int(self.nibbles), self.scale.data_ptr(), self.zero.data_ptr(),
+                     i8_gemm.PANEL * self.scale.shape[0], self.k_pad, self.group, self.scale.shape[1], self.n_in)
+
+    def __deepcopy__(self, memo):  # a copy gets its own tensors, so its own pointers
+        return a16_linear.copy_prepared(self, memo)
+
+
+def _require() -> None:
+    if not available():
+        raise KernelError("a16 gemm: no C compiler could build its kernel (csrc/a16_gemm.c)")
+
+
+def prepare_w4(p: LinearParams) -> A16Panels:
+    """W4A16 (symmetric or with zero points), the 4-bit GEMV's groups (:func:`.w4_gemv.check_group`)."""
+    _require()
+    if p.kind != "w4a16" or p.n_outliers:
+        raise KernelError(f"a16 gemm: w4a16 without outlier channels, got {p.kind} with {p.n_outliers}")
+    out, n = p.codes.shape
+    g = w4_gemv.check_group(n, p.group)
+    kp, out_pad = -(-n // w4_gemv.CHUNK) * w4_gemv.CHUNK, -(-out // i8_gemm.PANEL) * i8_gemm.PANEL
+    if p.zero is None:
+        u, zero = p.codes.to(torch.int16) + 8, torch.full(p.scale.shape, 8, dtype=torch.int32)
+    else:
+        u, zero = p.codes.to(torch.int16), p.zero.to(torch.int32)
+    u = F.pad(u, (0, kp - n, 0, out_pad - out))
+    return A16Panels(i8_gemm.panel_codes(u, 4), i8_gemm.panel_rows(p.scale.float(), out_pad),
+                     i8_gemm.panel_rows(zero, out_pad), True, g if g != n else kp, n, kp, out, p.bias)
+
+
+def prepare_w8(codes: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> A16Panels:
+    """W8A16: INT8 codes ``[out, in]`` and per-row scales ``[out]``; blocks of :data:`W8_BLOCK`."""
+    _require()
+    if codes.dtype != torch.int8:
+        raise KernelError(f"a16 gemm: w8a16 needs int8 codes, got {codes.dtype}")
+    out, n = codes.shape
+    kp, out_pad = -(-n // 32) * 32, -(-out // i8_gemm.PANEL) * i8_gemm.PANEL
+    ng = -(-kp // W8_BLOCK)
+    u = F.pad(codes.to(torch.int16) + 128, (0, kp - n, 0, out_pad - out))
+    s = scale.float().reshape(out, 1).expand(out, ng)
+    return A16Panels(i8_gemm.panel_codes(u, 8), i8_gemm.panel_rows(s, out_pad),
+                     i8_gemm.panel_rows(torch.full((out, ng), 128, dtype=torch.int32), out_pad), False, W8_BLOCK, n,
+                     kp, out, bias)
+
+
+def run(x: torch.Tensor, w: A16Panels, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """``x [..., in]`` (float32 or bfloat16; others are converted to float32) → ``[..., out]`` of
+    x's dtype (plus bias)."""
+    lib = _built(lib)
+    return a16_linear.call(lib.a16_gemm_linear, w.args, w.n_in, w.args[4], w.out, w.bias, x, "a16 gemm kernel")

@@ -1,0 +1,117 @@
+"""lowbit's batched integer CPU kernel (``csrc/i8_gemm.c``) for W8A8 and W4A4: int8 dot products
+(``vpdpbusd`` with AVX-512 VNNI) over register tiles of several tokens x 32 output rows.
+
+The weight is the unsigned operand (INT8 codes + 128, INT4 codes + 8, one zero point per matrix)
+and the activation codes the signed one, so each (token, row, group) product
+``Σ u·x - z·Σx = Σ (u - z)·x`` is the exact int32 the GEMV kernels compute; the float32 steps are
+theirs too (``fma(float(P), w_scale·x_scale, f)`` in group order; W4A4's INT8 outliers added as
+``f + float(P_o)·(s_o·sx_o)``). So a token's result is the same bits from this kernel, from the
+GEMVs and from the portable build (tested), whatever the batch.
+
+Layout (:func:`pack`): panels of 16 rows, per 4 input channels a 64-byte vector ``[16 rows][4]``
+(bytes), or per 8 channels ``[16 rows][4]`` bytes whose low nibbles are channels 0-3 and high
+nibbles 4-7 (4-bit). Scales ``[out/16, groups, 16]``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from lowbit.kernels.cpu import act_sym
+from lowbit.kernels.cpu.kernel_library import KernelLibrary
+
+PANEL = 16  # rows per panel
+PORTABLE_FLAGS = ("-O3", "-DPANEL_NO_SIMD")
+
+
+def _bind(lib: ctypes.CDLL) -> None:
+    i64, i32, vp, ci = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int
+    lib.i8_gemm.argtypes = [vp, ci, vp, i32, i64, i64, i64, i64, vp, vp, i64, vp, vp, i64, vp, i64, vp, vp, ci]
+    lib.i8_gemm.restype = ci
+    lib.i8_gemm_simd.restype = ci
+    act_sym.bind(lib.i8_act_sym)
+
+
+_LIB = KernelLibrary("i8 gemm", "i8_gemm.c", _bind)
+
+# library(flags=None): the best build, or one with ``flags`` (e.g. PORTABLE_FLAGS); None if none builds
+library, available, _built = _LIB.get, _LIB.available, _LIB.built
+
+
+def simd(lib: ctypes.CDLL | None = None) -> int:
+    """0 (portable loop), 256 or 512 (vector width), +1 where the dot product is VNNI's vpdpbusd."""
+    lib = lib or library()
+    return 0 if lib is None else int(lib.i8_gemm_simd())
+
+
+@dataclass
+class I8Panels:
+    panels: torch.Tensor  # uint8, see pack
+    scale: torch.Tensor  # float32 [out_pad / 16, n_groups, 16] (padded rows: 0)
+    zero: int  # 128 (INT8 codes) or 8 (INT4)
+    nibbles: bool
+    group: int
+    k_pad: int
+    out: int
+
+
+def panel_codes(u: torch.Tensor, bits: int) -> torch.Tensor:
+    """Unsigned codes ``[out_pad, k_pad]`` (out_pad a multiple of 16, k_pad of 8) → panel bytes."""
+    out_pad, k_pad = u.shape
+    u = u.to(torch.uint8)
+    if bits == 8:
+        return u.reshape(out_pad // PANEL, PANEL, k_pad // 4, 4).transpose(1, 2).contiguous()
+    q = u.reshape(out_pad // PANEL, PANEL, k_pad // 8, 2, 4)
+    return (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).transpose(1, 2).contiguous()
+
+
+def panel_rows(t: torch.Tensor, out_pad: int) -> torch.Tensor:
+    """Per-(row, group) values ``[out, groups]`` → ``[out_pad / 16, groups, 16]`` (padded rows 0)."""
+    t = F.pad(t, (0, 0, 0, out_pad - t.shape[0]))
+    return t.reshape(out_pad // PANEL, PANEL, -1).transpose(1, 2).contiguous()
+
+
+def pack(codes: torch.Tensor, scale: torch.Tensor, bits: int, group: int, k_pad: int) -> I8Panels:
+    """Signed symmetric codes ``[out, n]`` (INT8 or INT4 values) and their scales ``[out, groups]``
+    (groups of ``group`` channels over ``k_pad`` ≥ n, a multiple of 8) → :class:`I8Panels`."""
+    out, n = codes.shape
+    zero = 128 if bits == 8 else 8
+    out_pad = -(-out // PANEL) * PANEL
+    u = F.pad(codes.to(torch.int16) + zero, (0, k_pad - n, 0, out_pad - out))
+    return I8Panels(panel_codes(u, bits), panel_rows(scale.float(), out_pad), zero, bits != 8, group, k_pad, out)
+
+
+def act_codes(x: torch.Tensor, n_outliers: int, w: I8Panels, bits: int, clip: float,
+              lib: ctypes.CDLL | None = None) -> act_sym.NativeCodes:
+    """Per-token symmetric codes of ``x [t, in]`` (outlier channels last) in ``w``'s groups."""
+    lib = _built(lib)
+    return act_sym.symmetric_codes(lib.i8_act_sym, x, n_outliers, w.group, w.scale.shape[1], w.k_pad, bits, clip)
+
+
+def run_codes(c: act_sym.NativeCodes, w: I8Panels, outliers: I8Panels | None = None,
+              lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """``[t, out]`` float32 (no bias) from codes laid out for ``w`` (:func:`act_codes`), plus the INT8
+    outlier part when ``outliers`` holds its panels."""
+    lib = _built(lib)
+    t, ng = c.xq.shape[0], w.scale.shape[1]
+    if c.xq.shape[1] != w.k_pad or tuple(c.scale.shape) != (t, ng) or c.xq.dtype != torch.int16:
+        raise ValueError(f"i8 gemm: codes must be int16 [t, {w.k_pad}] with scales [t, {ng}], got "
+                         f"{c.xq.dtype} {tuple(c.xq.shape)} / {tuple(c.scale.shape)}")
+    out_pad = PANEL * w.scale.shape[0]
+    y = torch.empty(t, out_pad)
+    o, ko = (outliers, c.outlier.shape[1]) if outliers is not None and c.outlier.shape[1] else (None, 0)
+    if o is not None and (o.scale.shape[0] != w.scale.shape[0] or o.k_pad < ko):
+        raise ValueError("i8 gemm: outlier panels do not match the weight")
+    xq, sx = c.xq.contiguous(), c.scale.float().contiguous()  # held: the C call reads their memory
+    xo, sxo = c.outlier.contiguous(), c.outlier_scale.float().contiguous()
+    if t and lib.i8_gemm(w.panels.data_ptr(), int(w.nibbles), w.scale.data_ptr(), w.zero, out_pad, w.k_pad, w.group,
+                         ng, xq.data_ptr(), sx.data_ptr(), t,
+                         o.panels.data_ptr() if o else None, o.scale.data_ptr() if o else None, o.k_pad if o else 0,
+                         xo.data_ptr() if o else None, ko, sxo.data_ptr() if o else None, y.data_ptr(),
+                         torch.get_num_threads()):
+        raise MemoryError("i8 gemm: out of memory for its activation buffers")
+    return y[:, :w.out] if out_pad != w.out else y

@@ -1,0 +1,229 @@
+/* Batched integer matrix products for W8A8 and W4A4 on CPU (prefill, batched decode): int8 dot
+ * products with register tiles over several tokens x output rows.
+ *
+ * Weights are unsigned codes u with one zero point z for the whole matrix (symmetric INT8: u = c +
+ * 128, z = 128; symmetric INT4: u = c + 8, z = 8), laid out in "panels" of 16 rows: for every 4
+ * input channels one 64-byte vector [16 rows][4 channels], so one vpdpbusd (AVX-512 VNNI) takes 4
+ * channels of 16 rows against 4 activation bytes broadcast to every lane. 4-bit panels hold 8
+ * channels per 64 bytes: byte (row r, j) has channel j in its low nibble and channel 4 + j in its
+ * high one, so a mask and a shift give two such vectors. (lowbit/kernels/cpu/i8_gemm.py, ``pack``.)
+ *
+ * Activations are signed INT8 (or INT4) codes x. Per (token, row, group) the product is
+ *     P = sum(u * x) - z * sum(x) = sum((u - z) * x)
+ * exact in int32 (the unsigned x signed form needs no +128 offset on the activations: the weight is
+ * the unsigned operand); intermediate sums wrap modulo 2^32, and P itself fits in int32 whenever the
+ * true sum does, so the result is exact. Then, as the GEMV kernels (w4_gemv.c, w8_gemv.c) do:
+ *     f = fma(float(P), w_scale * x_scale, f)      in group order, starting at 0,
+ * and an optional INT8 outlier part (its own panels, one group): f = f + fma(float(P_o), s_o * sx_o, 0)
+ * (what w4a4.py adds after the 8-bit GEMV). So the same bits as those kernels and the portable build.
+ *
+ * Builds: AVX-512 VNNI (zmm vpdpbusd); AVX-512 BW without VNNI and AVX2 use vpmaddubsw + vpmaddwd,
+ * exact because vpmaddubsw's int16 pair sums cannot saturate for 4-bit u (2 * 15 * 128 < 2^15) and
+ * 8-bit u is split into two nibbles (sum(u x) = 16 sum(u_hi x) + sum(u_lo x)); AVX-VNNI (ymm
+ * vpdpbusd); the portable C loop. Threads: the work pool (work_pool.h) over tiles of rows.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "panel_simd.h"
+#define I8_SIMD PANEL_SIMD
+#define ACT_SIMD (I8_SIMD != 0)
+#include "act_sym.h"
+
+int i8_gemm_simd(void) { return panel_simd_level(); }
+
+struct i8_args {
+    const uint8_t *w;   /* panels */
+    const float *sw;    /* [out / 16, ng, 16] */
+    int64_t out, kp, group, ng, t;
+    int32_t zero;
+    int nibbles;
+    const int8_t *x;    /* [t, kp] */
+    const float *sx;    /* [t, ng] */
+    const int32_t *zx;  /* [t, ng]: zero * sum of the group's codes */
+    /* optional INT8 outliers (wo NULL: none): byte panels [out / 16, kpo / 4, 16, 4], zero 128 */
+    const uint8_t *wo;
+    const float *swo;   /* [out / 16, 16] */
+    int64_t kpo;
+    const int8_t *xo;   /* [t, kpo] */
+    const float *sxo;   /* [t] */
+    const int32_t *zxo; /* [t] */
+    float *y;           /* [t, out] */
+};
+
+#if I8_SIMD == 512
+#define MR 6 /* tokens x NV vectors of 16 rows: 12 accumulators, 2 weight vectors, 1 broadcast */
+#define NV 2
+#elif I8_SIMD == 256
+#define MR 4 /* 16 ymm registers: 8 accumulators */
+#define NV 2
+#endif
+
+#if I8_SIMD
+#ifdef DOT_VNNI
+#define DOT_SMALL(acc, u, x) VDPBUSD(acc, u, x) /* u <= 15 */
+#define DOT_BYTE(acc, u, x) VDPBUSD(acc, u, x)
+#else /* vpmaddubsw pair sums: |2 * 15 * 128| < 2^15, never saturated */
+#define DOT_SMALL(acc, u, x) VADD32((acc), VMADDUBS((u), (x)))
+#define DOT_BYTE(acc, u, x) VADD32((acc), VADD32(VSLL4(VMADDUBS(VSHR4(u), (x))), VMADDUBS(VMASK4(u), (x))))
+#endif
+
+/* The exact products of mr tokens x nv vectors of rows over channels [a, b), into acc. */
+static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV], const uint8_t *w, int nibbles,
+                                                           int64_t kp, const int8_t *x, int64_t xstride, int64_t r0,
+                                                           int64_t a, int64_t b, const int mr, const int nv) {
+    for (int m = 0; m < mr; m++)
+        for (int v = 0; v < nv; v++) acc[m][v] = VZERO();
+    if (nibbles) {
+        for (int64_t k = a; k < b; k += 8) {
+            vi_t lo[NV], hi[NV];
+            for (int v = 0; v < nv; v++) {
+                vi_t raw = VLOAD(w + panel_at(r0 + v * VL, k, kp, 1));
+                lo[v] = VMASK4(raw), hi[v] = VSHR4(raw);
+            }
+            for (int m = 0; m < mr; m++) {
+                vi_t x0 = VBCAST32(x + m * xstride + k), x1 = VBCAST32(x + m * xstride + k + 4);
+                for (int v = 0; v < nv; v++) acc[m][v] = DOT_SMALL(DOT_SMALL(acc[m][v], lo[v], x0), hi[v], x1);
+            }
+        }
+    } else {
+        for (int64_t k = a; k < b; k += 4) {
+            vi_t wv[NV];
+            for (int v = 0; v < nv; v++) wv[v] = VLOAD(w + panel_at(r0 + v * VL, k, kp, 0));
+            for (int m = 0; m < mr; m++) {
+                vi_t xb = VBCAST32(x + m * xstride + k);
+                for (int v = 0; v < nv; v++) acc[m][v] = DOT_BYTE(acc[m][v], wv[v], xb);
+            }
+        }
+    }
+}
+
+/* y rows [r0, r0 + nv * VL) for tokens [i0, i0 + mr). */
+static inline __attribute__((always_inline)) void tile(const struct i8_args *A, int64_t i0, int64_t r0, const int mr,
+                                                       const int nv) {
+    vi_t acc[MR][NV];
+    vf_t f[MR][NV];
+    const int64_t ng = A->ng;
+    for (int m = 0; m < mr; m++)
+        for (int v = 0; v < nv; v++) f[m][v] = FZERO();
+    for (int64_t g = 0; g < ng; g++) {
+        int64_t a = g * A->group, b = a + A->group < A->kp ? a + A->group : A->kp;
+        dot_tile(acc, A->w, A->nibbles, A->kp, A->x + i0 * A->kp, A->kp, r0, a, b, mr, nv);
+        for (int v = 0; v < nv; v++) {
+            int64_t r = r0 + v * VL;
+            vf_t swv = FLOAD(A->sw + ((r / PANEL) * ng + g) * PANEL + r % PANEL);
+            for (int m = 0; m < mr; m++) {
+                int64_t q = (i0 + m) * ng + g;
+                vi_t p = VSUB32(acc[m][v], VSET32(A->zx[q]));
+                f[m][v] = FMA(FCVT(p), FMUL(swv, FSET(A->sx[q])), f[m][v]);
+            }
+        }
+    }
+    if (A->wo) {
+        dot_tile(acc, A->wo, 0, A->kpo, A->xo + i0 * A->kpo, A->kpo, r0, 0, A->kpo, mr, nv);
+        for (int v = 0; v < nv; v++) {
+            int64_t r = r0 + v * VL;
+            vf_t swv = FLOAD(A->swo + r);
+            for (int m = 0; m < mr; m++) {
+                vi_t p = VSUB32(acc[m][v], VSET32(A->zxo[i0 + m]));
+                f[m][v] = FADD(f[m][v], FMA(FCVT(p), FMUL(swv, FSET(A->sxo[i0 + m])), FZERO()));
+            }
+        }
+    }
+    for (int m = 0; m < mr; m++)
+        for (int v = 0; v < nv; v++) FSTORE(A->y + (i0 + m) * A->out + r0 + v * VL, f[m][v]);
+}
+
+#define TILE_CASES(NVC)                                                                                          \
+    switch (mr) {                                                                                                \
+    case MR: tile(A, i, r0, MR, NVC); break;                                                                     \
+    case MR - 1: tile(A, i, r0, MR - 1, NVC); break;                                                             \
+    case MR - 2: tile(A, i, r0, MR - 2, NVC); break;                                                             \
+    case MR - 3: tile(A, i, r0, MR - 3, NVC); break;                                                             \
+    default: for (int64_t j = i; j < i + mr; j++) tile(A, j, r0, 1, NVC);                                        \
+    }
+
+/* One work item: NV vectors of rows (fewer at the end), every token. */
+static void i8_item(const void *ctx, int64_t item) {
+    const struct i8_args *A = ctx;
+    const int64_t r0 = item * NV * VL;
+    const int nv = (A->out - r0) / VL < NV ? (int)((A->out - r0) / VL) : NV;
+    for (int64_t i = 0; i < A->t; i += MR) {
+        const int mr = A->t - i < MR ? (int)(A->t - i) : MR;
+        if (nv == NV) {
+            TILE_CASES(NV)
+        } else {
+            TILE_CASES(1)
+        }
+    }
+}
+#define I8_ROWS_PER_ITEM (NV * VL)
+#else
+/* Portable: the same exact integers, the same float steps in the same order, one row at a time. */
+static void i8_item(const void *ctx, int64_t item) {
+    const struct i8_args *A = ctx;
+    for (int64_t r = item * PANEL; r < (item + 1) * PANEL; r++)
+        for (int64_t i = 0; i < A->t; i++) {
+            float f = 0.f;
+            for (int64_t g = 0; g < A->ng; g++) {
+                int64_t a = g * A->group, b = a + A->group < A->kp ? a + A->group : A->kp, q = i * A->ng + g;
+                int32_t p = (int32_t)(panel_dot(A->w, A->nibbles, A->kp, r, a, b, A->x + i * A->kp, 1) - (uint32_t)A->zx[q]);
+                f = fmaf((float)p, A->sw[((r / PANEL) * A->ng + g) * PANEL + r % PANEL] * A->sx[q], f);
+            }
+            if (A->wo) {
+                int32_t p = (int32_t)(panel_dot(A->wo, 0, A->kpo, r, 0, A->kpo, A->xo + i * A->kpo, 1) - (uint32_t)A->zxo[i]);
+                f = f + fmaf((float)p, A->swo[r] * A->sxo[i], 0.f);
+            }
+            A->y[i * A->out + r] = f;
+        }
+}
+#define I8_ROWS_PER_ITEM PANEL
+#endif
+
+/* int16 codes [t, n] (row stride ns) -> int8 [t, kp] zero padded; zx [t, ng] = zero * each group's sum. */
+static void to_int8(const int16_t *q, int64_t ns, int64_t t, int64_t n, int64_t kp, int64_t group, int64_t ng,
+                    int32_t zero, int8_t *x, int32_t *zx) {
+    for (int64_t i = 0; i < t; i++) {
+        int8_t *xr = x + i * kp;
+        for (int64_t k = 0; k < n; k++) xr[k] = (int8_t)q[i * ns + k];
+        for (int64_t k = n; k < kp; k++) xr[k] = 0;
+        for (int64_t g = 0; g < ng; g++) {
+            int64_t a = g * group, b = a + group < kp ? a + group : kp;
+            uint32_t s = 0;
+            for (int64_t k = a; k < b; k++) s += (uint32_t)(int32_t)xr[k];
+            zx[i * ng + g] = (int32_t)(s * (uint32_t)zero);
+        }
+    }
+}
+
+/* y [t, out] float32 = the groups' rescaled exact products of INT8/INT4 codes xq [t, kp] (int16,
+ * |code| <= 128; scales sx [t, ng]) with the panels w (zero point `zero`, scales sw), plus, when wo
+ * is not NULL, the INT8 outlier part: codes xo [t, ko] (int16), scales sxo [t], panels wo over kpo
+ * channels, row scales swo [out]. out a multiple of 16; kp of 8 (4-bit) or 4; group of 8 or 4.
+ * Returns 0, or -1 if out of memory. */
+int i8_gemm(const uint8_t *w, int nibbles, const float *sw, int32_t zero, int64_t out, int64_t kp, int64_t group,
+            int64_t ng, const int16_t *xq, const float *sx, int64_t t, const uint8_t *wo, const float *swo,
+            int64_t kpo, const int16_t *xo, int64_t ko, const float *sxo, float *y, int threads) {
+    if (t <= 0) return 0;
+    int8_t *x = malloc((size_t)(t * kp) + (size_t)(t * kpo) + 64);
+    int32_t *zx = malloc((size_t)(t * ng + t) * sizeof(int32_t));
+    if (!x || !zx) {
+        free(x), free(zx);
+        return -1;
+    }
+    to_int8(xq, kp, t, kp, kp, group, ng, zero, x, zx);
+    struct i8_args A = {w, sw, out, kp, group, ng, t, zero, nibbles, x, sx, zx, NULL, NULL, 0, NULL, NULL, NULL, y};
+    if (wo) {
+        int8_t *xo8 = x + t * kp;
+        to_int8(xo, ko, t, ko, kpo, kpo, 1, 128, xo8, zx + t * ng);
+        A.wo = wo, A.swo = swo, A.kpo = kpo, A.xo = xo8, A.sxo = sxo, A.zxo = zx + t * ng;
+    }
+    pool_run(i8_item, &A, (out + I8_ROWS_PER_ITEM - 1) / I8_ROWS_PER_ITEM, threads);
+    free(x), free(zx);
+    return 0;
+}
+
+/* The integer kinds' activation codes (act_sym.h) for this library's callers. */
+ACT_SYM_EXPORT(i8_act_sym)

@@ -1,0 +1,80 @@
+"""lowbit's batched W4A16 / W8A16 kernel (``gemm``): the GEMV kernels' bits (``native``, which are
+tested against the float64 reference within their int16 bound) and its portable build's, at the
+boundaries of its tiles (4 tokens x 32 rows; 8-channel steps): tokens 1..17, odd widths and rows,
+groups, zero points, bfloat16 in and out, non-finite tokens, thread counts."""
+
+import pytest
+import torch
+
+from lowbit.kernels import from_float
+from lowbit.kernels.cpu import a16_gemm, w4_gemv, w8_gemv, w4a16, w8a16
+from lowbit.kernels.linear_params import LinearParams
+from tests.kernels.cpu.builds import portable_build
+from tests.threads import assert_same_for_thread_counts
+
+pytestmark = pytest.mark.skipif(not a16_gemm.available(), reason="no C compiler for the native kernel")
+
+
+def _portable():
+    return portable_build(a16_gemm.library, a16_gemm.PORTABLE_FLAGS)
+
+
+def _asymmetric(out: int, n: int, group: int, seed: int) -> LinearParams:
+    g = torch.Generator().manual_seed(seed)
+    ng = -(-n // group)
+    return LinearParams("w4a16", torch.randint(0, 16, (out, n), generator=g, dtype=torch.uint8),
+                        torch.rand(out, ng, generator=g) * 0.1 + 0.01, torch.randint(0, 16, (out, ng), generator=g),
+                        group, torch.zeros(out, 0, dtype=torch.int8), torch.ones(out), torch.randn(out, generator=g))
+
+
+@pytest.mark.parametrize("out,n,group", [(37, 333, 64), (16, 64, 64), (33, 200, 0), (80, 1024, 128), (1, 128, 64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_w4a16_gemm_equals_gemv_and_portable(out, n, group, dtype):
+    torch.manual_seed(out + n)
+    p = from_float(torch.randn(out, n), "w4a16", group=group, bias=torch.randn(out))
+    gemm, gemv = w4a16.prepare(p, "gemm"), w4a16.prepare(p, "native")
+    x = (torch.randn(17, n) * 3).to(dtype)
+    y = w4a16.run(x, gemm)
+    assert y.dtype == dtype and y.shape == (17, out)
+    assert torch.equal(y, w4a16.run(x, gemv))
+    assert torch.equal(a16_gemm.run(x, gemm, _portable()), y)
+    for t in range(1, 17):  # every tail of the token tiles: a token's bits do not depend on its batch
+        assert torch.equal(w4a16.run(x[:t], gemm), y[:t])
+
+
+def test_w4a16_gemm_zero_points_and_nonfinite_tokens():
+    p = _asymmetric(50, 320, 64, seed=1)
+    gemm, gemv = a16_gemm.prepare_w4(p), w4_gemv.prepare(p)
+    x = torch.randn(9, 320) * torch.linspace(0.01, 10, 320)
+    x[3, 7] = float("nan")
+    x[6, 300] = float("inf")
+    y = a16_gemm.run(x, gemm)
+    torch.testing.assert_close(y, w4_gemv.run(x, gemv), rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(y, a16_gemm.run(x, gemm, _portable()), rtol=0, atol=0, equal_nan=True)
+    assert torch.isnan(y[3]).all() and torch.isnan(y[6]).all() and torch.isfinite(y[[0, 1, 2, 4, 5, 7, 8]]).all()
+
+
+@pytest.mark.parametrize("out,n", [(37, 333), (16, 32), (48, 600), (1, 1)])
+def test_w8a16_gemm_equals_gemv_and_portable(out, n):
+    torch.manual_seed(out * n)
+    p = from_float(torch.randn(out, n), "w8a16", bias=torch.randn(out))
+    gemm, gemv = w8a16.prepare(p, "gemm"), w8a16.prepare(p, "native")
+    x = torch.randn(17, n) * torch.linspace(0.01, 10, n)
+    y = w8a16.run(x, gemm)
+    assert torch.equal(y, w8a16.run(x, gemv))
+    assert torch.equal(a16_gemm.run(x, gemm, _portable()), y)
+    assert torch.equal(w8a16.run(x.bfloat16(), gemm), w8_gemv.run(x.bfloat16(), gemv))
+    for t in (1, 2, 3, 5, 9):
+        assert torch.equal(w8a16.run(x[:t], gemm), y[:t])
+
+
+def test_thread_counts_and_shapes():
+    p = from_float(torch.randn(200, 512), "w4a16", group=128)
+    st = w4a16.prepare(p, "gemm")
+    x = torch.randn(2, 3, 512)  # [..., in] straight into the kernel
+    y = w4a16.run(x.reshape(6, 512), st)
+    assert_same_for_thread_counts(lambda: w4a16.run(x.reshape(6, 512), st), y)
+    assert torch.equal(a16_gemm.run(x, st), y.reshape(2, 3, 200))
+    assert a16_gemm.run(x[:0], st).shape == (0, 3, 200)
+    with pytest.raises(ValueError, match="512"):
+        a16_gemm.run(torch.randn(2, 500), st)

@@ -1,0 +1,100 @@
+"""lowbit's batched int8 kernel (W8A8 and W4A4 ``gemm``): the same bits as the GEMV kernels
+(``native``) and as its own portable build, at the boundaries of its tiles (6 tokens x 32 rows, 4
+or 8 channels per step): tokens 1..17, odd widths and row counts, groups, outliers, extreme codes,
+thread counts."""
+
+import pytest
+import torch
+
+from lowbit.kernels import from_float
+from lowbit.kernels.cpu import i8_gemm, w4a4, w8a8
+from lowbit.kernels.linear_params import KernelError
+from tests.kernels.cpu.builds import portable_build
+from tests.threads import assert_same_for_thread_counts
+
+pytestmark = pytest.mark.skipif(not i8_gemm.available(), reason="no C compiler for the native kernel")
+
+
+def _portable():
+    return portable_build(i8_gemm.library, i8_gemm.PORTABLE_FLAGS)
+
+
+@pytest.mark.parametrize("out,n", [(37, 333), (16, 4), (33, 200), (64, 96), (1, 1)])
+def test_w8a8_gemm_equals_gemv_and_portable_for_1_to_17_tokens(out, n):
+    torch.manual_seed(out * n)
+    p = from_float(torch.randn(out, n), "w8a8", bias=torch.randn(out))
+    gemm, gemv = w8a8.prepare(p, "gemm"), w8a8.prepare(p, "native")
+    x = torch.randn(17, n) * 20
+    y = w8a8.run(x, gemm)
+    assert y.shape == (17, out)
+    assert torch.equal(y, w8a8.run(x, gemv))
+    assert torch.equal(y, w8a8.run(x, w8a8.prepare(p, "float")))
+    c = i8_gemm.act_codes(x, 0, gemm.weight, 8, 1.0)
+    assert torch.equal(i8_gemm.run_codes(c, gemm.weight, lib=_portable()) + p.bias, y)
+    for t in range(1, 17):  # every tail of the 6-token tiles: a token's bits do not depend on its batch
+        assert torch.equal(w8a8.run(x[:t], gemm), y[:t])
+
+
+@pytest.mark.parametrize("out,n,k,group", [(37, 333, 13, 64), (48, 128, 0, 128), (17, 640, 5, 128),
+                                           (96, 200, 32, 64), (33, 256, 1, 0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_w4a4_gemm_equals_gemv_and_portable_for_1_to_17_tokens(out, n, k, group, dtype):
+    torch.manual_seed(out + n + k)
+    p = from_float(torch.randn(out, n + k), "w4a4", group=group, n_outliers=k, act_clip=0.9,
+                   bias=torch.randn(out))
+    gemm, gemv = w4a4.prepare(p, "gemm"), w4a4.prepare(p, "native")
+    x = (torch.randn(17, n + k) * 3).to(dtype)
+    y = w4a4.run(x, gemm)
+    assert torch.equal(y, w4a4.run(x, gemv))  # outliers fused here, a second call and a torch add there
+    c = i8_gemm.act_codes(x, k, gemm.normal, 4, 0.9)
+    assert torch.equal(i8_gemm.run_codes(c, gemm.normal, gemm.outlier, lib=_portable()) + p.bias, y)
+    for t in (1, 2, 5, 6, 7, 12, 13):
+        assert torch.equal(w4a4.run(x[:t], gemm), y[:t])
+
+
+def test_thread_counts_and_zero_tokens():
+    p = from_float(torch.randn(200, 300), "w4a4", group=64, n_outliers=12)
+    st = w4a4.prepare(p, "gemm")
+    x = torch.randn(9, 312)
+    y = w4a4.run(x, st)
+    assert_same_for_thread_counts(lambda: w4a4.run(x, st), y)
+    assert w4a4.run(x[:0], st).shape == (0, 200)
+
+
+def test_extreme_codes_do_not_overflow():
+    """INT8 weights -128 / 127 against activations -128 over 4096 channels: the largest int32 sums
+    (the unsigned form's intermediate Σ u·x wraps; the product it gives back must not)."""
+    codes = torch.full((32, 4096), -128, dtype=torch.int8)
+    codes[16:] = 127
+    w = i8_gemm.pack(codes, torch.ones(32, 1), 8, 4096, 4096)
+    xq = torch.full((7, 4096), -128, dtype=torch.int16)
+    from lowbit.kernels.cpu.act_sym import NativeCodes
+
+    c = NativeCodes(xq, torch.ones(7, 1), torch.zeros(7, 1, dtype=torch.int32), torch.zeros(7, 0, dtype=torch.int16),
+                    torch.ones(7))
+    expect = torch.tensor([4096 * 128 * 128] * 16 + [-4096 * 127 * 128] * 16, dtype=torch.float32)
+    for lib in (None, _portable()):
+        y = i8_gemm.run_codes(c, w, lib=lib)
+        assert torch.equal(y, expect.expand(7, 32)), lib
+
+
+def test_bad_codes_are_an_error_not_a_read():
+    p = from_float(torch.randn(16, 128), "w8a8")
+    st = w8a8.prepare(p, "gemm")
+    c = i8_gemm.act_codes(torch.randn(2, 128), 0, st.weight, 8, 1.0)
+    c.xq = c.xq[:, :64]
+    with pytest.raises(ValueError, match="int16"):
+        i8_gemm.run_codes(c, st.weight)
+    with pytest.raises(ValueError, match="NaN"):
+        w8a8.run(torch.full((1, 128), float("nan")), st)
+    with pytest.raises(KernelError, match="method"):
+        w8a8.prepare(p, "fastest")
+
+
+def test_default_method_follows_the_build():
+    p8 = from_float(torch.randn(16, 128), "w8a8")
+    p4 = from_float(torch.randn(16, 128), "w4a4")
+    simd = i8_gemm.simd()
+    assert w4a4.prepare(p4).method == ("gemm" if simd else "native")
+    expect8 = "gemm" if simd % 2 == 1 and not w8a8.int_mm_for_batches() else "native"
+    assert w8a8.prepare(p8).method == expect8
