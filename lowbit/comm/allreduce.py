@@ -323,10 +323,11 @@ class QuickAllReduce:
     def _reduce_channels(self, tensor: torch.Tensor, plan: ChannelPlan, path: str) -> torch.Tensor:
         """The outlier channels travel raw (one async all-gather, summed in float32 in rank order)
         while the rest, zeroed there and block-transformed, takes the codec's path; then merged."""
-        rest, outl = plan.split(tensor)
+        ws = self._workspaces[0] if self._workspaces else None
+        rest, outl = plan.split(tensor, ws)
         work = gathered = None
         if outl.numel():
-            gathered = torch.empty((self.world_size, outl.numel()), dtype=outl.dtype, device=outl.device)
+            gathered = scratch(ws, "outl_all", (self.world_size, outl.numel()), outl.dtype, outl.device)
             try:
                 work = all_gather_into(gathered.view(-1), outl.reshape(-1), group=self.group, async_op=True)
             except RuntimeError as e:

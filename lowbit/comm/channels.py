@@ -31,6 +31,8 @@ import torch
 
 from lowbit.formats.hadamard import fast_transform
 
+from .codecs import native
+from .collectives import scratch
 from .codecs.spec import CodecSpec, parse_spec
 
 
@@ -71,10 +73,29 @@ class ChannelPlan:
             raise ValueError(f"this all-reduce carries messages of hidden size {self.hidden} in the last "
                              f"dimension, got shape {tuple(t.shape)}")
 
-    def split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    @cached_property
+    def scale(self) -> float:
+        """The butterfly's final multiplier 1/√B as float32 (what ``fast_transform`` multiplies by)."""
+        return float(torch.tensor(1.0 / math.sqrt(self.block or 1), dtype=torch.float32))
+
+    def _native(self, t: torch.Tensor) -> bool:
+        return t.device.type == "cpu" and native.available()
+
+    def split(self, x: torch.Tensor, workspace: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(rest, outliers): the message as float32 ``[tokens, hidden]`` with the outlier channels zeroed
-        and, with +h, Hadamard-transformed per block; the outlier channels ``[tokens, N]`` in x's dtype."""
+        and, with +h, Hadamard-transformed per block; the outlier channels ``[tokens, N]`` in x's dtype.
+        One C pass on CPU (``csrc/qr_channels.h``), torch ops elsewhere: the same bits (tested).
+        ``workspace``: a dict keeping the two buffers between calls (their contents are overwritten)."""
         self.check(x)
+        if self._native(x):
+            tokens, n = x.numel() // self.hidden, self.channels.numel()
+            rest = scratch(workspace, "rest", (tokens, self.hidden), torch.float32, x.device)
+            outl = scratch(workspace, "outl", (tokens, n), x.dtype, x.device)
+            return native.split_channels(x.reshape(-1).contiguous(), self.hidden, self.channels, n, self.block,
+                                         self.scale, rest, outl)
+        return self.split_torch(x)
+
+    def split_torch(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x2 = x.reshape(-1, self.hidden)
         idx = self.channels.to(x.device)
         outl = x2.index_select(1, idx)
@@ -88,6 +109,14 @@ class ChannelPlan:
     def merge(self, rest: torch.Tensor, osum: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
         """``out`` (the message's shape and dtype) = inverse transform of the summed rest, with the
         summed outlier channels ``osum`` (float32 ``[tokens, N]``) put back; cast once to out's dtype."""
+        if self._native(rest) and out.is_contiguous() and out.device.type == "cpu":
+            n = self.channels.numel()
+            native.merge_channels(rest.reshape(-1).contiguous(), self.hidden, self.channels, n, self.block, self.scale,
+                                  osum.contiguous() if n else None, out.view(-1))
+            return out
+        return self.merge_torch(rest, osum, out)
+
+    def merge_torch(self, rest: torch.Tensor, osum: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
         vals = block_transform(rest, self.block) if self.block else rest
         vals = vals.reshape(-1, self.hidden)
         if osum is not None and self.channels.numel():

@@ -131,3 +131,28 @@ def test_bad_jobs_fail_clearly_on_every_rank(kind, err, text):
     res = check_results(run_ranks(cw.bad_jobs, 2, kind, timeout_s=30, deadline_s=120))
     for r in res:
         assert r.startswith(err) and text in r, r
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_c_split_and_merge_equal_the_torch_path(dtype):
+    from lowbit.comm.codecs import native
+
+    if not native.available():
+        pytest.skip("no C compiler: the torch path is the only one")
+    g = torch.Generator().manual_seed(5)
+    for spec, n, tokens in [("int4+h+o16", 16, 37), ("int4+o16", 16, 5), ("int4+h32", 0, 9), ("int3+h+o3", 3, 64)]:
+        plan = ChannelPlan.make(spec, 576, torch.randperm(576, generator=g)[:n] if n else None)
+        x = (torch.randn(tokens, 576, generator=g) * torch.rand(576, generator=g) * 100).to(dtype)
+        x[0, 3] = float("nan")
+        rc, oc = plan.split(x, {})
+        rt, ot = plan.split_torch(x)
+        assert torch.equal(rc.view(torch.int32), rt.view(torch.int32)) and torch.equal(oc.view(torch.uint8), ot.view(torch.uint8))
+        osum = torch.randn(tokens, n, generator=g) * 1e4
+        for odt in (torch.float32, torch.bfloat16, torch.float16):
+            a = plan.merge(rc, osum, torch.empty(tokens, 576, dtype=odt))
+            b = plan.merge_torch(rc.clone(), osum, torch.empty(tokens, 576, dtype=odt))
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (spec, dtype, odt)
+    with pytest.raises(ValueError, match="sorted, distinct"):
+        native.split_channels(torch.zeros(576), 576, torch.tensor([5, 3]), 2, 0, 1.0)
+    with pytest.raises(ValueError, match="whole tokens"):
+        native.split_channels(torch.zeros(577), 576, torch.tensor([3, 5]), 2, 0, 1.0)

@@ -444,3 +444,4 @@ int qr_reduce(const uint8_t *const *wires, int nw, int64_t rows, int kind, int b
     }
     return 0;
 }
+#include "qr_channels.h"
