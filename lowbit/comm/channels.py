@@ -147,6 +147,12 @@ def check_channels(spec: CodecSpec, hidden: int, channels) -> torch.Tensor:
     return idx
 
 
+def spread_channels(n: int, hidden: int) -> torch.Tensor:
+    """n channels spread evenly over ``hidden`` (0, hidden // n, ...): for benchmarks on random data,
+    where no channel is special."""
+    return torch.arange(n, dtype=torch.int64) * (hidden // max(n, 1))
+
+
 def block_transform(x: torch.Tensor, block: int) -> torch.Tensor:
     """``H/√B`` applied to every ``block`` consecutive values of the flat float32 ``x`` (same shape);
     its own inverse up to rounding. The butterfly of ``lowbit.formats.hadamard.fast_transform``."""

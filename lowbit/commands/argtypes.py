@@ -70,6 +70,11 @@ def allreduce_name(text: str) -> str:
         raise argparse.ArgumentTypeError(" ".join(str(e).split())) from None
 
 
+def decode_method(text: str) -> str:
+    """``lowbit bench tp-decode --allreduce``: "none" or an all-reduce name (:func:`allreduce_name`)."""
+    return text if text == "none" else allreduce_name(text)
+
+
 def size_list(text: str) -> str:
     """Message sizes ('4K..256M' or '4K,1M'), checked here, kept as text for the commands."""
     from lowbit.bench.allreduce import parse_sizes

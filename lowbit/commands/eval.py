@@ -54,7 +54,7 @@ def _window_args(p: argparse.ArgumentParser) -> None:
                         "and +oN (N outlier channels sent exactly), e.g. int4+h+o16 (default: %(default)s)")
     p.add_argument("--outlier-channels", default="layer", choices=["layer", "model"],
                    help="with +oN: each row-parallel layer's own N channels, or one set for the model; the largest "
-                        "mean |value| of the summed outputs on 8 x 512 WikiText-2 validation tokens (default: %(default)s)")
+                        "RMS of the summed outputs on 8 x 512 WikiText-2 validation tokens (default: %(default)s)")
 
 
 def register(sub) -> None:

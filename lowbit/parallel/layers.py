@@ -28,12 +28,16 @@ def parse_allreduce(name: str) -> str:
 
 def quick_all_reduce(allreduce: str, hidden: int | None = None, **kw):
     """``QuickAllReduce`` that quantizes *every* message (min_bytes=0, no tuned table): small decode
-    messages are compressed too, so a study measures the codec itself."""
+    messages are compressed too, so a study measures the codec itself. On 2 ranks every message
+    takes the one-shot path: each rank sends the same bytes as with two-shot (its whole encoded
+    tensor once, instead of half of it twice) and the sum is not quantized a second time
+    (LOWBIT_QR_TWOSHOT_MIN_BYTES=0 restores two-shot, e.g. to measure it)."""
     import warnings
 
     from lowbit.comm.allreduce import QuickAllReduce
 
-    kw = {"min_bytes": 0, "max_bytes": NO_MAX, "table": {}} | kw
+    one_shot = dist.is_initialized() and dist.get_world_size() == 2
+    kw = {"min_bytes": 0, "max_bytes": NO_MAX, "table": {}} | ({"twoshot_min_bytes": NO_MAX} if one_shot else {}) | kw
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the INT3-at-W>2 advice: the study measures exactly that
         return QuickAllReduce(codec=allreduce, hidden=hidden, **kw)
@@ -53,10 +57,11 @@ def make_reducer(allreduce: str, hidden: int | None = None) -> Callable[[torch.T
 
 
 def install_reducers(model: nn.Module, allreduce: str, rank: int, source: str, per: str = "layer",
-                     **calib) -> nn.Module:
+                     channels: dict[str, torch.Tensor] | None = None, **calib) -> nn.Module:
     """Give a loaded shard's row-parallel layers the all-reduce ``allreduce``; with ``+oN`` each
     layer gets its own N outlier channels (``per="layer"``) or all the same (``"model"``), calibrated
-    by rank 0 on the single-process ``source`` model and broadcast (collective)."""
+    by rank 0 on the single-process ``source`` model and broadcast (collective), unless
+    ``channels`` ({layer name: channels}, the same on every rank) gives them."""
     spec = parse_allreduce(allreduce)
     hidden = model.config.hidden_size
     if spec == "plain" or not parse_spec(spec).outliers:
@@ -64,7 +69,8 @@ def install_reducers(model: nn.Module, allreduce: str, rank: int, source: str, p
     from .outlier_channels import row_parallel_names, shared_channels
 
     names = row_parallel_names(model)
-    chans = shared_channels(rank, source, names, parse_spec(spec).outliers, per, **calib)
+    chans = channels if channels is not None else shared_channels(rank, source, names, parse_spec(spec).outliers, per,
+                                                                  **calib)
     qar = quick_all_reduce(spec, hidden)
     mods = dict(model.named_modules())
     for name in names:
