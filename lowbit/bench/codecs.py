@@ -88,10 +88,11 @@ def run(args) -> int:
 
 
 def _channel_row(spec, x, y, hidden: int, repeats: int, sync, impl: str, copy_gbs: float) -> dict:
-    """What the all-reduce does around the codec for ``int4+h+o16``-style specs, timed as one codec:
-    encode = split (outliers out, zeroed, block Hadamard) + encode of the float32 rest; decode =
-    decode to float32 + merge (inverse Hadamard, outlier sums in, cast), into kept buffers.
-    Channels spread evenly (random data has no special ones); whole tokens of ``hidden`` values."""
+    """What the one-shot all-reduce does around the codec for ``int4+h+o16``-style specs, timed as
+    one codec: encode = outliers out, zeroed, block Hadamard and the codec, fused per row
+    (``ChannelPlan.encode``); decode = decode to float32 + merge (inverse Hadamard, outlier sums in,
+    one cast), into kept buffers. Channels spread evenly (random data has no special ones); whole
+    tokens of ``hidden`` values."""
     import torch
 
     from lowbit.comm.channels import ChannelPlan, spread_channels
@@ -100,17 +101,16 @@ def _channel_row(spec, x, y, hidden: int, repeats: int, sync, impl: str, copy_gb
     tokens = x.numel() // hidden
     xs, ys = x[: tokens * hidden].view(tokens, hidden), y[: tokens * hidden].view(tokens, hidden)
     plan = ChannelPlan.make(spec, hidden, spread_channels(spec.outliers, hidden) if spec.outliers else None)
-    ws: dict = {}
-    rest, outl = plan.split(xs, ws)
-    wire = encode(rest, spec.codec)
-    dec = torch.empty(rest.numel(), dtype=torch.float32, device=x.device)
+    wire = encode(xs.float(), spec.codec)
+    outl = torch.empty(tokens, spec.outliers, dtype=x.dtype, device=x.device)
+    dec = torch.empty(xs.numel(), dtype=torch.float32, device=x.device)
+    te = _median_time(lambda: plan.encode(xs, spec.codec, wire, outl), repeats, sync)
     osum = outl.float()
-    te = _median_time(lambda: encode(plan.split(xs, ws)[0], spec.codec, out=wire), repeats, sync)
-    td = _median_time(lambda: plan.merge(decode(wire, spec.codec, rest.numel(), torch.float32, out=dec), osum, ys),
+    td = _median_time(lambda: plan.merge(decode(wire, spec.codec, xs.numel(), torch.float32, out=dec), osum, ys),
                       repeats, sync)
     nbytes = xs.numel() * xs.element_size()
     both = nbytes / (te + td) / 1e9
-    return {"codec": spec.name, "impl": impl + " + C split/merge" if "C" in impl else impl,
+    return {"codec": spec.name, "impl": impl,
             "wire_ratio": round(8 * xs.element_size() / spec.bits_per_value(x.dtype, hidden), 3),
             "encode_GBps": nbytes / te / 1e9, "decode_GBps": nbytes / td / 1e9, "enc_dec_GBps": both,
             "copy_GBps": copy_gbs, "enc_dec_vs_copy": both / copy_gbs}

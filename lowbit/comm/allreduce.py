@@ -40,7 +40,7 @@ from .codecs.device import decode, encode, reduce_encode  # Triton on CUDA for I
 from .collectives import all_gather_into, guarded, scratch
 from .errors import AllReduceError
 from .metadata import DTYPE_CODES, PATHS, CheckedJobs, options_code
-from .oneshot import one_shot
+from .oneshot import one_shot, one_shot_channels
 from .policy import ENV_CODEC, SizePolicy, load_table
 
 FP16_OVERFLOW_CLAMP = float(2**17)
@@ -324,6 +324,12 @@ class QuickAllReduce:
         """The outlier channels travel raw (one async all-gather, summed in float32 in rank order)
         while the rest, zeroed there and block-transformed, takes the codec's path; then merged."""
         ws = self._workspaces[0] if self._workspaces else None
+        if path == "oneshot":  # one collective: the outlier channels ride with the encoded rest
+            flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1)
+            one_shot_channels(flat.view(-1, plan.hidden), self.codec, plan, self.group, out=flat, workspace=ws)
+            if not tensor.is_contiguous():
+                tensor.copy_(flat.view(tensor.shape))
+            return tensor
         rest, outl = plan.split(tensor, ws)
         work = gathered = None
         if outl.numel():

@@ -9,7 +9,7 @@ import channel_workers as cw
 
 from lowbit.comm.channel_accuracy import channel_error_bound, merge_reference, simulate_channels, split_reference
 from lowbit.comm.channels import ChannelPlan, transform_bound
-from lowbit.comm.codecs import parse_spec
+from lowbit.comm.codecs import encode, parse_spec
 from lowbit.parallel.launch import check_results, run_ranks
 
 
@@ -147,6 +147,12 @@ def test_c_split_and_merge_equal_the_torch_path(dtype):
         rc, oc = plan.split(x, {})
         rt, ot = plan.split_torch(x)
         assert torch.equal(rc.view(torch.int32), rt.view(torch.int32)) and torch.equal(oc.view(torch.uint8), ot.view(torch.uint8))
+        for codec in ("int4", "int3", "fp4", "int8"):
+            c = parse_spec(codec).codec
+            wire = torch.empty((tokens * 576 + 2047) // 2048, c.row_bytes, dtype=torch.uint8)
+            outl = torch.empty(tokens, n, dtype=dtype)
+            plan.encode(x, c, wire, outl)  # fused per row in C
+            assert torch.equal(wire, encode(rt.reshape(-1), c)) and torch.equal(outl.view(torch.uint8), ot.view(torch.uint8))
         osum = torch.randn(tokens, n, generator=g) * 1e4
         for odt in (torch.float32, torch.bfloat16, torch.float16):
             a = plan.merge(rc, osum, torch.empty(tokens, 576, dtype=odt))

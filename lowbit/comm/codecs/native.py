@@ -40,6 +40,8 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.qr_split.restype = ci
     lib.qr_merge.argtypes = [vp, i64, i64, vp, i64, ci, ctypes.c_float, vp, vp, ci]
     lib.qr_merge.restype = ci
+    lib.qr_encode_split.argtypes = [vp, ci, i64, i64, vp, i64, ci, ctypes.c_float, vp, i64, ci, ci, vp, i64, i64, i64]
+    lib.qr_encode_split.restype = ci
 
 
 _LIB = cbuild.NativeLibrary(_SRC, _flag_sets, _bind)
@@ -161,6 +163,24 @@ def split_channels(x: torch.Tensor, hidden: int, chans: torch.Tensor, nch: int, 
     _call((lib or _lib).qr_split, x.data_ptr(), _IN_TYPES[x.dtype], x.numel(), hidden, chans.data_ptr(), nch, block,
           scale, outl.data_ptr(), rest.data_ptr())
     return rest, outl
+
+
+def encode_split(x: torch.Tensor, hidden: int, chans: torch.Tensor, nch: int, block: int, scale: float,
+                 kind: int, bits: int, row_bytes: int, code_bytes: int, out: torch.Tensor, outl: torch.Tensor,
+                 lib: ctypes.CDLL | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`split_channels` and the codec fused per row (quantized kinds): the wire ``out``
+    ``[rows, row_bytes]`` and the outlier channels ``outl`` ``[tokens, nch]`` in x's dtype."""
+    _check_values(x, "encode input")
+    _check_chans(chans, hidden, nch, x.numel())
+    tokens = x.numel() // hidden
+    rows = _check_rows(out, "encode out", -(-x.numel() // 2048), row_bytes)
+    if tuple(outl.shape) != (tokens, nch) or outl.dtype != x.dtype or not outl.is_contiguous() or outl.device.type != "cpu":
+        raise ValueError(f"encode_split: outl must be a contiguous CPU {x.dtype} tensor of shape {(tokens, nch)}")
+    if kind > 1:
+        raise ValueError("encode_split: only the quantized codecs (int, fp4) take outlier channels / block Hadamard")
+    _call((lib or _lib).qr_encode_split, x.data_ptr(), _IN_TYPES[x.dtype], x.numel(), hidden, chans.data_ptr(), nch,
+          block, scale, outl.data_ptr(), rows, kind, bits, out.data_ptr(), row_bytes, code_bytes, _bytes(out))
+    return out, outl
 
 
 def merge_channels(rest: torch.Tensor, hidden: int, chans: torch.Tensor, nch: int, block: int, scale: float,

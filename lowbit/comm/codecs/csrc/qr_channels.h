@@ -91,3 +91,32 @@ int qr_merge(const float *rest, int64_t n, int64_t hidden, const int64_t *chans,
     }
     return 0;
 }
+
+/* qr_split and qr_encode fused for a quantized kind (0 int, 1 FP4): per 2048-value row, the
+ * outlier channels out (raw into outl) and zeroed, the block Hadamard, then the codec, all in L1;
+ * the same bytes as qr_split then qr_encode of the float32 rest (tested). */
+int qr_encode_split(const void *in, int in_type, int64_t n, int64_t hidden, const int64_t *chans, int64_t nch,
+                    int block, float scale, void *outl, int64_t rows, int kind, int bits, uint8_t *out,
+                    int64_t row_bytes, int64_t code_bytes, int64_t out_bytes) {
+    float buf[ROW];
+    if (!channels_ok(n, hidden, nch, block) || in_type < 0 || in_type > 2 || kind > 1
+        || !layout_ok(kind, bits, row_bytes, code_bytes) || !fits(rows, row_bytes, out_bytes)
+        || rows > INT64_MAX / ROW || rows * ROW < n)
+        return -1;
+    size_t es = in_type == 0 ? 4 : 2;
+    const uint8_t *src = (const uint8_t *)in;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t start = r * ROW, m = n - start < ROW ? (n - start > 0 ? n - start : 0) : ROW;
+        load_row(in, in_type, start, n, buf);
+        for (int64_t tok = start / hidden; nch && m && tok * hidden < start + m; tok++)
+            for (int64_t k = 0; k < nch; k++) {
+                int64_t p = tok * hidden + chans[k];
+                if (p < start || p >= start + m) continue;
+                memcpy((uint8_t *)outl + (size_t)(tok * nch + k) * es, src + (size_t)p * es, es);
+                buf[p - start] = 0.0f;
+            }
+        if (block) fwht_blocks(buf, ROW, block, scale); /* the zero padding transforms to zeros */
+        encode_row(buf, kind, bits, out + r * row_bytes, code_bytes);
+    }
+    return 0;
+}
