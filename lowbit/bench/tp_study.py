@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--tp", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--allreduce", nargs="+", default=list(ALLREDUCE_CHOICES), type=parse_allreduce,
                     help="plain or codecs, with +h / +oN options (int4+h+o16)")
-    ap.add_argument("--outlier-channels", nargs="+", default=["layer"], choices=["layer", "model"],
+    ap.add_argument("--outlier-channels", nargs="+", default=["model"], choices=["layer", "model"],
                     help="with +oN codecs: per-layer channel sets, one set for the model, or both (each a row)")
     ap.add_argument("--seqlen", type=int, default=512)
     ap.add_argument("--max-windows", type=int, default=10)
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 r = single_process_row(model, a.ref, a.seqlen, a.max_windows)
             else:
                 r = run_tp_eval("kl", model, tp, ar, seqlen=a.seqlen, max_windows=a.max_windows, ref=a.ref,
-                                outlier_channels=per or "layer")
+                                outlier_channels=per or "model")
                 if per:
                     r["allreduce"] = f"{ar} ({per})"
             r.update(tp=tp, wall_s=time.perf_counter() - t0)

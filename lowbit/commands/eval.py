@@ -52,8 +52,8 @@ def _window_args(p: argparse.ArgumentParser) -> None:
                    help="with --tp: sum o_proj/down_proj outputs with dist.all_reduce (plain) or QuickAllReduce(CODEC): "
                         "fp, int8, int6, int4, int3, fp4, each with optional +h (Hadamard in 64-value blocks; +h32) "
                         "and +oN (N outlier channels sent exactly), e.g. int4+h+o16 (default: %(default)s)")
-    p.add_argument("--outlier-channels", default="layer", choices=["layer", "model"],
-                   help="with +oN: each row-parallel layer's own N channels, or one set for the model; the largest "
+    p.add_argument("--outlier-channels", default="model", choices=["layer", "model"],
+                   help="with +oN: one set of N channels for the model, or each row-parallel layer its own; the largest "
                         "RMS of the summed outputs on 8 x 512 WikiText-2 validation tokens (default: %(default)s)")
 
 

@@ -30,14 +30,14 @@ def check_tp_args(kind: str, model: str, tp: int, allreduce: str, ref: str | Non
 def run_tp_eval(kind: str, model: str, tp: int, allreduce: str = "plain", dataset: str = "wikitext2",
                 seqlen: int = 2048, max_windows: int | None = None, batch_size: int = 1,
                 ref: str | None = None, timeout_s: float = 600.0, deadline_s: float = 6 * 3600.0,
-                outlier_channels: str = "layer") -> dict | None:
+                outlier_channels: str = "model") -> dict | None:
     """Evaluate ``model`` split over ``tp`` ranks; the result dict (PerplexityResult / KLResult
     fields plus kind, model, tp, allreduce, plan) on rank 0, None on other torchrun ranks.
 
     Launches ``tp`` local gloo ranks itself, or, under torchrun, runs as this process's rank
     (then the world size must equal ``tp``). ``ref``: the KL reference (default: ``model``
-    itself, single-process, float). ``outlier_channels``: with ``+oN`` codecs, "layer" (each
-    row-parallel linear its own channels) or "model" (one set), chosen on calibration text.
+    itself, single-process, float). ``outlier_channels``: with ``+oN`` codecs, "model" (one set for
+    every row-parallel linear) or "layer" (each its own), chosen on calibration text.
     """
     check_tp_args(kind, model, tp, allreduce, ref)
     if under_torchrun():

@@ -36,7 +36,7 @@ def check_quantized_world(path: str, world: int) -> None:
 
 
 def forward_rank(rank: int, world: int, path: str, allreduce: str, ids: torch.Tensor,
-                 outlier_channels: str = "layer") -> torch.Tensor:
+                 outlier_channels: str = "model") -> torch.Tensor:
     """Logits ``[B, T, V]`` (fp32) of ``ids`` from the sharded model (the same on every rank)."""
     model = install_reducers(load_tp_shard(path, rank, world, make_reducer("plain")), allreduce, rank, path,
                              outlier_channels)
@@ -45,7 +45,7 @@ def forward_rank(rank: int, world: int, path: str, allreduce: str, ids: torch.Te
 
 
 def eval_rank(rank: int, world: int, kind: str, model: str, allreduce: str, dataset: str, seqlen: int,
-              max_windows: int | None, batch_size: int, ref: str | None, outlier_channels: str = "layer") -> dict | None:
+              max_windows: int | None, batch_size: int, ref: str | None, outlier_channels: str = "model") -> dict | None:
     """Perplexity or KL of the sharded model; the result on rank 0, None elsewhere.
 
     For KL, rank 0 also holds the single-process reference model and runs ``kl_divergence``;

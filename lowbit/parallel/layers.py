@@ -56,7 +56,7 @@ def make_reducer(allreduce: str, hidden: int | None = None) -> Callable[[torch.T
     return quick_all_reduce(allreduce, hidden).all_reduce
 
 
-def install_reducers(model: nn.Module, allreduce: str, rank: int, source: str, per: str = "layer",
+def install_reducers(model: nn.Module, allreduce: str, rank: int, source: str, per: str = "model",
                      channels: dict[str, torch.Tensor] | None = None, **calib) -> nn.Module:
     """Give a loaded shard's row-parallel layers the all-reduce ``allreduce``; with ``+oN`` each
     layer gets its own N outlier channels (``per="layer"``) or all the same (``"model"``), calibrated

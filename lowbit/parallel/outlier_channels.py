@@ -3,15 +3,17 @@ largest root-mean-square value of the row-parallel outputs (o_proj, down_proj: w
 parallelism sums) on calibration text (WikiText-2 validation, never the evaluation text).
 
 RMS rather than mean |value|: a channel that is huge on a few tokens (a massive activation) ruins
-those tokens' blocks, and the square weighs it as the codec's squared error does. Measured on the
-default model at TP 2 (int4+h+o16, 4 x 512 WikiText-2 test tokens, in one process by simulating
-both ranks bit for bit): RMS 1.069x the float perplexity, mean |value| 1.096x, max |value| 1.107x
-(two-shot path; README, "Outlier channels and block Hadamard").
+those tokens' blocks, and the square weighs it as the codec's squared error does. On the default
+model at TP 2 (int4+h+o16, 4 x 512 WikiText-2 test tokens, both ranks simulated bit for bit in one
+process) the two criteria are within the noise of so few tokens: two-shot per layer RMS 1.069x
+the float perplexity vs mean |value| 1.096x (max |value| 1.107x); one-shot per layer RMS 1.049x
+vs mean |value| 1.031x; one-shot, one set for the model, RMS 1.024x (README, all-reduce section).
 
-``per="layer"``: each row-parallel linear gets its own N channels; ``per="model"``: one set for
-all, the channels with the largest mean over the layers of (channel mean square / layer mean
-square), so that no single loud layer decides. Rank 0 calibrates and broadcasts, so every rank holds the
-very same sets (a rank that computed its own on another CPU could differ in a near tie).
+``per="model"`` (the default: as good as or better than per layer in both comparisons made):
+one set for all, the channels with the largest mean over the layers of (channel mean square /
+layer mean square), so that no single loud layer decides; ``per="layer"``: each row-parallel
+linear its own. Rank 0 calibrates and broadcasts, so every rank holds the very same sets (a rank
+that computed its own on another CPU could differ in a near tie).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def channel_magnitudes(model: nn.Module, names: list[str], ids: torch.Tensor) ->
     return torch.stack([sums[n] for n in names]) / count[0]
 
 
-def choose_channels(mags: torch.Tensor, n: int, per: str = "layer") -> torch.Tensor:
+def choose_channels(mags: torch.Tensor, n: int, per: str = "model") -> torch.Tensor:
     """``[layers, n]`` sorted channel indices from :func:`channel_magnitudes` (ties: lower index)."""
     if per not in PER:
         raise ValueError(f"outlier channels per {per!r}; choose one of {', '.join(PER)}")
@@ -75,7 +77,7 @@ def choose_channels(mags: torch.Tensor, n: int, per: str = "layer") -> torch.Ten
     return torch.sort(torch.topk(mags.double(), n, dim=1, sorted=True).indices, dim=1).values
 
 
-def calibrate(model: str, names: list[str], n: int, per: str = "layer", samples: int = 8, seqlen: int = 512,
+def calibrate(model: str, names: list[str], n: int, per: str = "model", samples: int = 8, seqlen: int = 512,
               seed: int = 0, ids: torch.Tensor | None = None) -> torch.Tensor:
     """Load ``model`` in one process, run ``samples`` calibration windows (or the token ``ids``
     ``[samples, seqlen]``, e.g. for a model without a tokenizer), choose ``[len(names), n]`` channels."""
@@ -87,7 +89,7 @@ def calibrate(model: str, names: list[str], n: int, per: str = "layer", samples:
     return choose_channels(channel_magnitudes(m, names, ids), n, per)
 
 
-def shared_channels(rank: int, model: str, names: list[str], n: int, per: str = "layer", **kw) -> dict[str, torch.Tensor]:
+def shared_channels(rank: int, model: str, names: list[str], n: int, per: str = "model", **kw) -> dict[str, torch.Tensor]:
     """Rank 0 calibrates, every rank receives the same ``{name: channels}`` (collective)."""
     chans = calibrate(model, names, n, per, **kw) if rank == 0 else torch.empty(len(names), n, dtype=torch.int64)
     if dist.is_initialized() and dist.get_world_size() > 1:
