@@ -77,13 +77,7 @@ int qr_merge(const float *rest, int64_t n, int64_t hidden, const int64_t *chans,
         if (out_type == 0) {
             memcpy((float *)out + start, buf, (size_t)m * sizeof(float));
         } else if (out_type == 1) {
-            uint16_t *o = (uint16_t *)out + start;
-            int64_t i = 0;
-#ifdef QR_SIMD
-            simd_to_bf16(buf, o, m);
-            i = m & ~(int64_t)15;
-#endif
-            for (; i < m; i++) o[i] = to_bf16(buf[i]);
+            store_bf16(buf, (uint16_t *)out + start, m);
         } else {
             _Float16 *o = (_Float16 *)out + start;
             for (int64_t i = 0; i < m; i++) o[i] = (_Float16)buf[i];
