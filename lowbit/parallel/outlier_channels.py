@@ -6,8 +6,10 @@ RMS rather than mean |value|: a channel that is huge on a few tokens (a massive 
 those tokens' blocks, and the square weighs it as the codec's squared error does. On the default
 model at TP 2 (int4+h+o16, 4 x 512 WikiText-2 test tokens, both ranks simulated bit for bit in one
 process) the two criteria are within the noise of so few tokens: two-shot per layer RMS 1.069x
-the float perplexity vs mean |value| 1.096x (max |value| 1.107x); one-shot per layer RMS 1.049x
-vs mean |value| 1.031x; one-shot, one set for the model, RMS 1.024x (README, all-reduce section).
+the float perplexity vs mean |value| 1.096x (max |value| 1.107x); one-shot per layer RMS 1.029x
+(1.049x in a one-process simulation that summed the statistic in float32, which may have picked
+a slightly different set: not checked) vs mean |value| 1.031x;
+one-shot, one set for the model, RMS 1.024x (README, all-reduce section).
 
 ``per="model"`` (the default: as good as or better than per layer in both comparisons made):
 one set for all, the channels with the largest mean over the layers of (channel mean square /
