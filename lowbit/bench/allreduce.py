@@ -39,7 +39,8 @@ def _rerun_in_namespace(args) -> int:
     rest = ["bench", "allreduce", "--world-size", str(args.world_size), "--codecs", args.codecs, "--sizes", args.sizes,
             "--accuracy-elements", str(args.accuracy_elements),
             "--size-factor", str(args.size_factor), "--dtype", args.dtype, "--repeats", str(args.repeats),
-            "--timeout", str(args.timeout), "--out", str(args.out), "--label", f"link {args.link_gbit:g} Gbit/s"]
+            "--timeout", str(args.timeout), "--out", str(args.out), "--label", f"link {args.link_gbit:g} Gbit/s",
+            "--hidden", str(args.hidden)]
     if args.no_metadata_check:
         rest.append("--no-metadata-check")
     if args.serial:
@@ -113,18 +114,18 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from lowbit.comm.codecs import get_codec
+    from lowbit.comm.codecs import parse_spec
     from lowbit.parallel.launch import check_results, run_here_or_spawn
     from lowbit.bench.allreduce_timing import allreduce_sweep
 
     from .report import fmt_bytes, write_csv, write_json
 
     codecs = [c.strip() for c in args.codecs.split(",") if c.strip()]
-    for c in codecs:
-        get_codec(c)
+    codecs = [parse_spec(c).name for c in codecs]
     sizes = parse_sizes(args.sizes, args.size_factor)
     res = check_results(run_here_or_spawn(
         allreduce_sweep, args.world_size, sizes, codecs, args.dtype, args.repeats, not args.no_metadata_check, args.serial,
+        args.hidden,
         timeout_s=args.timeout, deadline_s=24 * 3600,
     ))
     rows = res[0]
@@ -151,7 +152,9 @@ def run(args) -> int:
         from lowbit.comm.accuracy import accuracy_report
         from lowbit.bench.allreduce_timing import DTYPES
 
-        accuracy = accuracy_report(codecs, world, args.accuracy_elements, DTYPES[args.dtype])
+        # the codecs alone (options act on hidden-size messages; their accuracy is the TP table's)
+        accuracy = accuracy_report([c for c in codecs if parse_spec(c).plain_codec], world, args.accuracy_elements,
+                                   DTYPES[args.dtype])
         acc_table = Table(title=f"accuracy vs the exact float64 sum, world {world}, {args.dtype}, "
                                 f"{args.accuracy_elements} values per rank")
         for col in ("codec", "SQNR dB", "max |err| / bound", "max |err|"):

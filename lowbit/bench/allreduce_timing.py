@@ -65,23 +65,39 @@ def sqnr_db(exact: torch.Tensor, got: torch.Tensor) -> float:
 
 
 def allreduce_sweep(rank: int, world: int, sizes: list[int], codecs: list[str], dtype_name: str, repeats: int,
-                    check_metadata: bool = True, serial: bool = False) -> list[dict]:
+                    check_metadata: bool = True, serial: bool = False, hidden: int = 576) -> list[dict]:
     """Plain vs each codec at each message size (bytes); one row per (size, method). ``serial``:
-    also each codec with its rounds run one after another (pipeline depth 1), method "CODEC serial"."""
+    also each codec with its rounds run one after another (pipeline depth 1), method "CODEC serial".
+    With codecs that take +h / +oN options, messages are whole tokens of ``hidden`` values
+    ``[size / hidden, hidden]`` (rounded down, at least one token) and the outlier channels are
+    spread evenly (random data has no special channels)."""
+    from lowbit.comm.channels import spread_channels
+    from lowbit.comm.codecs import parse_spec
+
     dtype = DTYPES[dtype_name]
     dev = _device()
     es = torch.tensor([], dtype=dtype).element_size()
     rows = []
+    specs = {c: parse_spec(c) for c in codecs}
+    tokens = not all(s.plain_codec for s in specs.values())
+
+    def make(c, **kw):
+        s = specs[c]
+        opts = {} if s.plain_codec else {"hidden": hidden, "outliers": spread_channels(s.outliers, hidden) if s.outliers else None}
+        return QuickAllReduce(codec=c, min_bytes=0, max_bytes=NO_MAX, table={}, check_metadata=check_metadata, **opts, **kw)
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        quick = {c: QuickAllReduce(codec=c, min_bytes=0, max_bytes=NO_MAX, table={}, check_metadata=check_metadata)
-                 for c in codecs}
+        quick = {c: make(c) for c in codecs}
         if serial:
-            quick |= {f"{c} serial": QuickAllReduce(codec=c, min_bytes=0, max_bytes=NO_MAX, table={},
-                                                    check_metadata=check_metadata, pipeline_depth=1) for c in codecs}
+            quick |= {f"{c} serial": make(c, pipeline_depth=1) for c in codecs}
     for size in sizes:
         n = max(1, size // es)
+        if tokens:
+            n = max(1, n // hidden) * hidden
         x = rank_input(n, dtype, dev, seed=size % 1000)
+        if tokens:
+            x = x.view(-1, hidden)
         exact = x.double()
         dist.all_reduce(exact)
         plain = timed_collective(lambda t: dist.all_reduce(t), x, repeats)

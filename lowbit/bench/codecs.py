@@ -27,7 +27,7 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from lowbit.comm.codecs import decode, decode_torch, encode, encode_torch, get_codec, native
+    from lowbit.comm.codecs import decode, decode_torch, encode, encode_torch, native, parse_spec
     from lowbit.bench.allreduce_timing import DTYPES
     from lowbit.io.outputs import check_output_dir
 
@@ -49,7 +49,11 @@ def run(args) -> int:
     copy_gbs = nbytes / copy_s / 1e9
     rows = []
     for name in [c.strip() for c in args.codecs.split(",") if c.strip()]:
-        c = get_codec(name)
+        spec = parse_spec(name)
+        c = spec.codec
+        if not spec.plain_codec:
+            rows.append(_channel_row(spec, x, y, args.hidden, args.repeats, sync, impl, copy_gbs))
+            continue
         w = enc(x, c)
         if args.impl == "auto":  # into a kept buffer, as QuickAllReduce does
             wbuf = torch.empty_like(w)
@@ -63,7 +67,7 @@ def run(args) -> int:
             td = _median_time(lambda: y.copy_(dec(w, c, x.numel(), dtype)), args.repeats, sync)
         both = nbytes / (te + td) / 1e9
         rows.append({
-            "codec": name, "impl": impl, "wire_ratio": round(c.ratio(dtype), 3),
+            "codec": spec.name, "impl": impl, "wire_ratio": round(c.ratio(dtype), 3),
             "encode_GBps": nbytes / te / 1e9, "decode_GBps": nbytes / td / 1e9, "enc_dec_GBps": both,
             "copy_GBps": copy_gbs, "enc_dec_vs_copy": both / copy_gbs,
         })
@@ -81,6 +85,35 @@ def run(args) -> int:
     _plot(rows, args.out / "codecs.png", copy_gbs)
     console.print(f"wrote {args.out}/codecs.csv, codecs.json, codecs.png")
     return 0
+
+
+def _channel_row(spec, x, y, hidden: int, repeats: int, sync, impl: str, copy_gbs: float) -> dict:
+    """What the one-shot all-reduce does around the codec for ``int4+h+o16``-style specs, timed as
+    one codec: encode = outliers out, zeroed, block Hadamard and the codec, fused per row
+    (``ChannelPlan.encode``); decode = decode to float32 + merge (inverse Hadamard, outlier sums in,
+    one cast), into kept buffers. Channels spread evenly (random data has no special ones); whole
+    tokens of ``hidden`` values."""
+    import torch
+
+    from lowbit.comm.channels import ChannelPlan, spread_channels
+    from lowbit.comm.codecs import decode, encode
+
+    tokens = x.numel() // hidden
+    xs, ys = x[: tokens * hidden].view(tokens, hidden), y[: tokens * hidden].view(tokens, hidden)
+    plan = ChannelPlan.make(spec, hidden, spread_channels(spec.outliers, hidden) if spec.outliers else None)
+    wire = encode(xs.float(), spec.codec)
+    outl = torch.empty(tokens, spec.outliers, dtype=x.dtype, device=x.device)
+    dec = torch.empty(xs.numel(), dtype=torch.float32, device=x.device)
+    te = _median_time(lambda: plan.encode(xs, spec.codec, wire, outl), repeats, sync)
+    osum = outl.float()
+    td = _median_time(lambda: plan.merge(decode(wire, spec.codec, xs.numel(), torch.float32, out=dec), osum, ys),
+                      repeats, sync)
+    nbytes = xs.numel() * xs.element_size()
+    both = nbytes / (te + td) / 1e9
+    return {"codec": spec.name, "impl": impl,
+            "wire_ratio": round(8 * xs.element_size() / spec.bits_per_value(x.dtype, hidden), 3),
+            "encode_GBps": nbytes / te / 1e9, "decode_GBps": nbytes / td / 1e9, "enc_dec_GBps": both,
+            "copy_GBps": copy_gbs, "enc_dec_vs_copy": both / copy_gbs}
 
 
 def _plot(rows: list[dict], path: Path, copy_gbs: float) -> None:

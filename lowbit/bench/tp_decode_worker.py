@@ -17,10 +17,16 @@ from dataclasses import dataclass
 
 import torch
 
-from lowbit.parallel.layers import ALLREDUCE_CHOICES, make_reducer, set_reducer
+from lowbit.parallel.layers import ALLREDUCE_CHOICES, make_reducer, parse_allreduce, set_reducer
 
 # "none" skips communication entirely: wrong sums, but the step time is the TP compute floor.
+# Every codec also takes +h / +oN (one outlier set for the model here: one reducer serves all layers).
 DECODE_METHODS = ("none", *ALLREDUCE_CHOICES)
+
+
+def parse_method(method: str) -> str:
+    """"none", "plain" or a codec spec's canonical name; ValueError naming the choices."""
+    return method if method == "none" else parse_allreduce(method)
 POLICIES = ("auto", "quantize")
 
 
@@ -68,16 +74,17 @@ class CountingReducer:
         return self.reduce(t)
 
 
-def method_reducer(method: str, check_metadata: bool = True, policy: str = "auto") -> Callable[[torch.Tensor], torch.Tensor]:
+def method_reducer(method: str, check_metadata: bool = True, policy: str = "auto", hidden: int | None = None,
+                   outliers: torch.Tensor | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
     """The reducer of a decode method: "none" (no communication), "plain" or a codec.
     ``policy`` "auto": the codec's QuickAllReduce with its size policy (the tuned table, else the
     defaults) choosing plain, one-shot or two-shot per message; "quantize": every message through
     the codec (one-shot or two-shot by size), as ``lowbit eval --tp`` does.
-    ``check_metadata=False`` drops the cross-rank size/dtype check (done once per shape anyway)."""
+    ``check_metadata=False`` drops the cross-rank size/dtype check (done once per shape anyway).
+    ``hidden`` / ``outliers``: for codecs with +h / +oN (the messages' last dimension; the channels)."""
     if method == "none":
         return lambda t: t
-    if method not in ALLREDUCE_CHOICES:
-        raise ValueError(f"unknown all-reduce {method!r}; choose from {', '.join(DECODE_METHODS)}")
+    method = parse_method(method)
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
     if method == "plain":
@@ -90,8 +97,20 @@ def method_reducer(method: str, check_metadata: bool = True, policy: str = "auto
     forced = {"min_bytes": 0, "max_bytes": NO_MAX, "table": {}} if policy == "quantize" else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        qar = QuickAllReduce(codec=method, check_metadata=check_metadata, **forced)
+        qar = QuickAllReduce(codec=method, check_metadata=check_metadata, hidden=hidden, outliers=outliers, **forced)
     return qar.all_reduce
+
+
+def model_channels(rank: int, path: str, model, method: str) -> torch.Tensor | None:
+    """The outlier channels of a ``+oN`` method: one set for the model (rank 0 calibrates, all receive)."""
+    from lowbit.comm.codecs import parse_spec
+
+    if method in ("none", "plain") or not parse_spec(method).outliers:
+        return None
+    from lowbit.parallel.outlier_channels import row_parallel_names, shared_channels
+
+    names = row_parallel_names(model)
+    return shared_channels(rank, path, names, parse_spec(method).outliers, "model")[names[0]]
 
 
 def reducer_path(reduce: Callable[[torch.Tensor], torch.Tensor], shape: tuple[int, ...]) -> str:
@@ -160,7 +179,8 @@ def decode_rank(rank: int, world: int, path: str, methods: list[str], prompts: l
     counter = CountingReducer(lambda t: t)
     model = load_tp_shard(path, rank, world, counter)
     hidden = model.config.hidden_size
-    reducers = {m: method_reducer(m, check_metadata, policy) for m in dict.fromkeys(methods)}  # same order on every rank
+    reducers = {m: method_reducer(m, check_metadata, policy, hidden, model_channels(rank, path, model, m))
+                for m in dict.fromkeys(methods)}  # same order on every rank
 
     def use(method: str) -> None:
         counter.reduce = reducers[method]

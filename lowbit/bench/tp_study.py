@@ -14,10 +14,11 @@ import json
 import time
 from pathlib import Path
 
+from lowbit.comm.codecs import parse_spec
 from lowbit.io.atomic import write_json
 
 from lowbit.eval.tp import run_tp_eval
-from lowbit.parallel.layers import ALLREDUCE_CHOICES
+from lowbit.parallel.layers import ALLREDUCE_CHOICES, parse_allreduce
 
 SINGLE = "none (1 process)"
 
@@ -43,7 +44,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--ref", help="KL reference, run in one process (default: the model itself)")
     ap.add_argument("--single", action="store_true", help="also evaluate each checkpoint in one process")
     ap.add_argument("--tp", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--allreduce", nargs="+", default=list(ALLREDUCE_CHOICES), choices=ALLREDUCE_CHOICES)
+    ap.add_argument("--allreduce", nargs="+", default=list(ALLREDUCE_CHOICES), type=parse_allreduce,
+                    help="plain or codecs, with +h / +oN options (int4+h+o16)")
+    ap.add_argument("--outlier-channels", nargs="+", default=["model"], choices=["layer", "model"],
+                    help="with +oN codecs: per-layer channel sets, one set for the model, or both (each a row)")
     ap.add_argument("--seqlen", type=int, default=512)
     ap.add_argument("--max-windows", type=int, default=10)
     ap.add_argument("--out", type=Path, default=Path("tp_study.json"))
@@ -51,13 +55,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     for tp in a.tp:
         model = a.model.replace("{tp}", str(tp))
-        runs = ([SINGLE] if a.single else []) + list(a.allreduce)
-        for ar in runs:
+        runs = [(SINGLE, "")] if a.single else []
+        for ar in a.allreduce:
+            per = a.outlier_channels if ar != "plain" and parse_spec(ar).outliers else [""]
+            runs += [(ar, p) for p in per]
+        for ar, per in runs:
             t0 = time.perf_counter()
             if ar == SINGLE:
                 r = single_process_row(model, a.ref, a.seqlen, a.max_windows)
             else:
-                r = run_tp_eval("kl", model, tp, ar, seqlen=a.seqlen, max_windows=a.max_windows, ref=a.ref)
+                r = run_tp_eval("kl", model, tp, ar, seqlen=a.seqlen, max_windows=a.max_windows, ref=a.ref,
+                                outlier_channels=per or "model")
+                if per:
+                    r["allreduce"] = f"{ar} ({per})"
             r.update(tp=tp, wall_s=time.perf_counter() - t0)
             rows.append(r)
             print(json.dumps({k: r[k] for k in ("tp", "allreduce", "ppl", "ref_ppl", "mean_kl", "top1_agreement", "wall_s")}), flush=True)

@@ -34,12 +34,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .codecs import CODECS, ROW, Codec, fp_wire_dtype, get_codec, n_rows
+from .channels import ChannelPlan
+from .codecs import CODECS, ROW, Codec, fp_wire_dtype, n_rows, parse_spec
 from .codecs.device import decode, encode, reduce_encode  # Triton on CUDA for INT8/INT4, else fast.py
-from .collectives import guarded, scratch
+from .collectives import all_gather_into, guarded, scratch
 from .errors import AllReduceError
-from .metadata import DTYPE_CODES, PATHS, CheckedJobs
-from .oneshot import one_shot
+from .metadata import DTYPE_CODES, PATHS, CheckedJobs, options_code
+from .oneshot import one_shot, one_shot_channels
 from .policy import ENV_CODEC, SizePolicy, load_table
 
 FP16_OVERFLOW_CLAMP = float(2**17)
@@ -202,7 +203,10 @@ def pipelined(flat: torch.Tensor, step: int, codec: Codec, group=None, workspace
 class QuickAllReduce:
     """In-place SUM all-reduce that quantizes messages inside the size window, plain elsewhere.
 
-    ``codec``: fp, int8, int6, int4, int3 or fp4 (env LOWBIT_QR_CODEC overrides). ``min_bytes`` /
+    ``codec``: fp, int8, int6, int4, int3 or fp4 (env LOWBIT_QR_CODEC overrides), with the options
+    ``+h`` (block Hadamard) and ``+oN`` (N exact outlier channels) for messages whose last dimension
+    is ``hidden`` (``channels.py``): ``outliers`` are the N channels (the same on every rank; a
+    per-call plan from :meth:`plan_for` overrides them, e.g. one set per layer). ``min_bytes`` /
     ``max_bytes`` override the tuned table (env LOWBIT_QR_MIN_BYTES / _MAX_BYTES override both).
     Quantized messages below ``twoshot_min_bytes`` take the one-shot path (one all-gather,
     ``oneshot.py``), the others two-shot (env LOWBIT_QR_TWOSHOT_MIN_BYTES; see ``policy.py``).
@@ -234,11 +238,18 @@ class QuickAllReduce:
         chunk_bytes: int = 2 << 20,
         pipeline_depth: int = 3,
         twoshot_min_bytes: int | None = None,
+        hidden: int | None = None,
+        outliers=None,
     ):
         if not dist.is_initialized():
             raise RuntimeError("QuickAllReduce needs an initialised torch.distributed process group")
         self.group = group
-        self.codec: Codec = get_codec(os.environ.get(ENV_CODEC) or codec)
+        self.spec = parse_spec(os.environ.get(ENV_CODEC) or codec)
+        self.codec: Codec = self.spec.codec
+        self.hidden = hidden
+        self.plan: ChannelPlan | None = ChannelPlan.make(self.spec, hidden, outliers) if (
+            self.spec.plain_codec or not self.spec.outliers or outliers is not None) else None
+        self._options = options_code(self.spec.hadamard, self.spec.outliers)
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         if check_metadata not in (True, False, "always"):
@@ -273,30 +284,78 @@ class QuickAllReduce:
     def will_quantize(self, t: torch.Tensor) -> bool:
         return self.path(t) != "plain"
 
-    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum ``tensor`` over the group in place (like ``dist.all_reduce``) and return it."""
+    def plan_for(self, outliers) -> ChannelPlan | None:
+        """The channel plan of this all-reduce's codec with these outlier channels (validated once;
+        pass it to :meth:`all_reduce` per call, e.g. one per layer)."""
+        return ChannelPlan.make(self.spec, self.hidden, outliers)
+
+    def all_reduce(self, tensor: torch.Tensor, plan: ChannelPlan | None = None) -> torch.Tensor:
+        """Sum ``tensor`` over the group in place (like ``dist.all_reduce``) and return it.
+        ``plan``: this call's outlier channels (:meth:`plan_for`), else the constructor's."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"all_reduce takes a torch.Tensor, got {type(tensor).__name__}")
+        plan = plan or self.plan
+        if plan is None and not self.spec.plain_codec:
+            raise ValueError(f"codec {self.spec.name!r} needs its outlier channels: QuickAllReduce(outliers=...) "
+                             "or all_reduce(t, plan=qar.plan_for(channels))")
         path = self.path(tensor)
+        if plan is not None and path != "plain":
+            plan.check(tensor)
         if self.check_metadata:
+            quantized = plan is not None and path != "plain"
             self.checked.check(tensor, _CODEC_NAMES.index(self.codec.name), PATHS.index(path),
-                               cached=self.check_metadata != "always")
+                               cached=self.check_metadata != "always", options=self._options if quantized else 0,
+                               channels=plan.digest if quantized else 0)
         if path == "plain":
             self.last_path = "plain"
             guarded("plain all_reduce", dist.all_reduce, tensor, group=self.group)
             return tensor
-        self.last_path = self.codec.name
+        self.last_path = self.spec.name
         self.last_shot = path
+        if plan is not None:
+            return self._reduce_channels(tensor, plan, path)
         flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1)
-        if path == "oneshot":
-            one_shot(flat, self.codec, self.group, out=flat, workspace=self._workspaces[0] if self._workspaces else None)
-        else:
-            step = self._chunk_elems(tensor.element_size())
-            # rows are independent: neither chunking nor pipelining changes a bit
-            pipelined(flat, step, self.codec, self.group, self._workspaces, self.pipeline_depth)
+        self._reduce_flat(flat, path)
         if not tensor.is_contiguous():
             tensor.copy_(flat.view(tensor.shape))
         return tensor
+
+    def _reduce_channels(self, tensor: torch.Tensor, plan: ChannelPlan, path: str) -> torch.Tensor:
+        """The outlier channels travel raw (one async all-gather, summed in float32 in rank order)
+        while the rest, zeroed there and block-transformed, takes the codec's path; then merged."""
+        ws = self._workspaces[0] if self._workspaces else None
+        if path == "oneshot":  # one collective: the outlier channels ride with the encoded rest
+            flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1)
+            one_shot_channels(flat.view(-1, plan.hidden), self.codec, plan, self.group, out=flat, workspace=ws)
+            if not tensor.is_contiguous():
+                tensor.copy_(flat.view(tensor.shape))
+            return tensor
+        rest, outl = plan.split(tensor, ws)
+        work = gathered = None
+        if outl.numel():
+            gathered = scratch(ws, "outl_all", (self.world_size, outl.numel()), outl.dtype, outl.device)
+            try:
+                work = all_gather_into(gathered.view(-1), outl.reshape(-1), group=self.group, async_op=True)
+            except RuntimeError as e:
+                raise AllReduceError(f"quick all-reduce failed during the outlier channels' all-gather: {e}") from e
+        self._reduce_flat(rest.view(-1), path)
+        osum = None
+        if work is not None:
+            guarded("the outlier channels' all-gather", work.wait)
+            osum = gathered[0].float()
+            for j in range(1, self.world_size):  # rank order, as every rank adds them
+                osum += gathered[j].float()
+            osum = osum.view(-1, outl.shape[-1])
+        return plan.merge(rest, osum, tensor)
+
+    def _reduce_flat(self, flat: torch.Tensor, path: str) -> None:
+        """The codec's one-shot or two-shot all-reduce of a flat contiguous tensor, in place."""
+        if path == "oneshot":
+            one_shot(flat, self.codec, self.group, out=flat, workspace=self._workspaces[0] if self._workspaces else None)
+        else:
+            step = self._chunk_elems(flat.element_size())
+            # rows are independent: neither chunking nor pipelining changes a bit
+            pipelined(flat, step, self.codec, self.group, self._workspaces, self.pipeline_depth)
 
     def _chunk_elems(self, elem_size: int) -> int:
         """Elements per two-shot round: a whole number of rows per rank, about chunk_bytes."""

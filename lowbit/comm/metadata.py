@@ -19,23 +19,32 @@ from .errors import AllReduceError, MetadataMismatchError
 
 DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}
 _NAMES = {v: str(k).replace("torch.", "") for k, v in DTYPE_CODES.items()}
-FIELDS = ("numel", "dtype", "codec", "path", "ndim")
+FIELDS = ("numel", "dtype", "codec", "path", "ndim", "options", "channels")
 PATHS = ("plain", "oneshot", "twoshot")
 MAX_CACHED_JOBS = 4096
 
 
-def signature(t: torch.Tensor, codec_id: int, path: int | bool) -> list[int]:
+def options_code(hadamard: int, outliers: int) -> int:
+    """The +h / +oN options of a codec spec as one int64 (``lowbit.comm.codecs.spec.CodecSpec``)."""
+    return (hadamard << 32) | outliers
+
+
+def signature(t: torch.Tensor, codec_id: int, path: int | bool, options: int = 0, channels: int = 0) -> list[int]:
     """This rank's job: element count, dtype code (0: not a float; such tensors take the plain
-    path), codec id, path (index into PATHS; True means two-shot), ndim."""
+    path), codec id, path (index into PATHS; True means two-shot), ndim, the codec's +h/+oN options
+    (:func:`options_code`) and the fingerprint of its hidden size and outlier channels."""
     p = 2 if path is True else int(path)
-    return [t.numel(), DTYPE_CODES.get(t.dtype, 0), codec_id, p, t.dim()]
+    return [t.numel(), DTYPE_CODES.get(t.dtype, 0), codec_id, p, t.dim(), options, channels]
 
 
 def _describe(row: list[int], codec_names: list[str]) -> str:
-    numel, dt, codec, path, _ = row
+    numel, dt, codec, path, _, options, channels = row
     dtype = _NAMES.get(dt, "unsupported dtype")
-    how = f"{PATHS[path]}/{codec_names[codec]}" if path else "plain all_reduce"
-    return f"{numel} elements of {dtype} via {how}"
+    had, outl = options >> 32, options & 0xFFFFFFFF
+    name = codec_names[codec] + (f"+h{had}" if had else "") + (f"+o{outl}" if outl else "")
+    how = f"{PATHS[path]}/{name}" if path else "plain all_reduce"
+    ch = f" (hidden size and outlier channels #{channels:016x})" if channels else ""
+    return f"{numel} elements of {dtype} via {how}{ch}"
 
 
 def check_same_job(
@@ -63,13 +72,14 @@ class CheckedJobs:
         self._seen: set[tuple] = set()
         self.checks = 0  # exchanges run so far (tests and benchmarks read it)
 
-    def check(self, t: torch.Tensor, codec_id: int, path: int, cached: bool = True) -> None:
+    def check(self, t: torch.Tensor, codec_id: int, path: int, cached: bool = True, options: int = 0,
+              channels: int = 0) -> None:
         """Exchange and compare this job's signature, unless it passed before (``cached=False``: always)."""
-        key = (tuple(t.shape), t.dtype, t.device, codec_id, path)
+        key = (tuple(t.shape), t.dtype, t.device, codec_id, path, options, channels)
         if cached and key in self._seen:
             return
         self.checks += 1
-        check_same_job(signature(t, codec_id, path), t.device, self.group, self.codec_names)
+        check_same_job(signature(t, codec_id, path, options, channels), t.device, self.group, self.codec_names)
         if len(self._seen) >= MAX_CACHED_JOBS:  # a caller with ever-new shapes: keep memory bounded
             self._seen.clear()
         self._seen.add(key)

@@ -40,6 +40,37 @@ def sum_wires(wires: list[torch.Tensor], codec: Codec, n: int, dtype: torch.dtyp
     return out.copy_(acc)
 
 
+def one_shot_channels(x: torch.Tensor, codec: Codec, plan, group=None, out: torch.Tensor | None = None,
+                      workspace: dict | None = None) -> torch.Tensor:
+    """One-shot with a channel plan (``channels.py``): each rank sends its encoded rest and its raw
+    outlier channels in one all-gather; every rank decodes the W rests into a float32 sum (rank
+    order), sums the outlier channels in float32 (rank order) and merges (inverse Hadamard, one cast).
+    Bit-identical to ``channel_accuracy.simulate_channels(..., "oneshot")``."""
+    world = dist.get_world_size(group)
+    n, dtype = x.numel(), x.dtype
+    tokens, nch = n // plan.hidden, plan.channels.numel()
+    rows, rb = n_rows(n), codec.wire_row_bytes(torch.float32)
+    ob = tokens * nch * x.element_size()
+    gathered = scratch(workspace, "oneshot_ch", (world, rows * rb + ob), torch.uint8, x.device)
+    send = scratch(workspace, "oneshot_ch_send", (rows * rb + ob,), torch.uint8, x.device)
+    plan.encode(x, codec, send[: rows * rb].view(rows, rb), send[rows * rb :].view(dtype).view(tokens, nch))
+    guarded("one-shot (all-gather)", all_gather_into, gathered.view(-1), send, group=group)
+    acc = scratch(workspace, "oneshot_ch_acc", (tokens, plan.hidden), torch.float32, x.device)
+    decode(gathered[0, : rows * rb].view(rows, rb), codec, n, torch.float32, fp_wire=torch.float32, out=acc.view(-1))
+    for j in range(1, world):
+        decode_add(acc.view(-1), gathered[j, : rows * rb].view(rows, rb), codec, fp_wire=torch.float32)
+    osum = None
+    if nch:
+        parts = gathered[:, rows * rb :].contiguous().view(dtype).view(world, tokens, nch)
+        osum = parts[0].float()
+        for j in range(1, world):
+            osum += parts[j].float()
+    if out is None:
+        out = torch.empty(n, dtype=dtype, device=x.device)
+    plan.merge(acc, osum, out.view(tokens, plan.hidden))
+    return out
+
+
 def one_shot(x: torch.Tensor, codec: Codec, group=None, out: torch.Tensor | None = None,
              workspace: dict | None = None) -> torch.Tensor:
     """The reduced values, flat, in x's dtype (written into the flat contiguous ``out`` if given,

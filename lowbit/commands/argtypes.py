@@ -45,18 +45,34 @@ def int_list(text: str) -> str:
 
 
 def codec_list(text: str) -> str:
-    """A comma list of all-reduce codec names, each known (kept as the text the commands parse)."""
-    from lowbit.comm.codecs import get_codec
+    """A comma list of all-reduce codec names, each known, options allowed (``int4+h``; kept as the
+    text the commands parse)."""
+    from lowbit.comm.codecs import parse_spec
 
     names = [c.strip() for c in text.split(",") if c.strip()]
     if not names:
         raise argparse.ArgumentTypeError("expected a comma list of codec names")
     for c in names:
         try:
-            get_codec(c)
+            parse_spec(c)
         except (KeyError, ValueError) as e:
             raise argparse.ArgumentTypeError(" ".join(str(e.args[0] if e.args else e).split())) from None
     return text
+
+
+def allreduce_name(text: str) -> str:
+    """"plain" or an all-reduce codec with its options (``int4+h+o16``), in canonical form."""
+    from lowbit.parallel.layers import parse_allreduce
+
+    try:
+        return parse_allreduce(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(" ".join(str(e).split())) from None
+
+
+def decode_method(text: str) -> str:
+    """``lowbit bench tp-decode --allreduce``: "none" or an all-reduce name (:func:`allreduce_name`)."""
+    return text if text == "none" else allreduce_name(text)
 
 
 def size_list(text: str) -> str:

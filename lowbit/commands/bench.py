@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lowbit.bench import allreduce, codecs, decode, decode_split, gemm, serve, tp_decode, tp_decode_worker
 
-from .argtypes import codec_list, int_list, nonneg_int, positive_float, positive_int, size_list
+from .argtypes import codec_list, decode_method, int_list, nonneg_int, positive_float, positive_int, size_list
 
 
 def register(sub) -> None:
@@ -42,6 +42,8 @@ def _allreduce(kinds) -> None:
     p.add_argument("--accuracy-elements", type=nonneg_int, default=1 << 20,
                    help="values per rank in the accuracy table (exact float64 sum, error bound); 0 skips it")
     p.add_argument("--out", type=Path, default=Path("bench_out/allreduce"))
+    p.add_argument("--hidden", type=positive_int, default=576,
+                   help="with codec options (+h, +oN): messages are [size / hidden, hidden] (default: %(default)s)")
     p.add_argument("--label", default="", help=argparse.SUPPRESS)
     p.set_defaults(func=allreduce.run)
 
@@ -55,6 +57,8 @@ def _codecs(kinds) -> None:
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads (1 = per core)")
     p.add_argument("--impl", default="auto", choices=["auto", "torch"], help="auto: compiled C on CPU if it builds")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--hidden", type=positive_int, default=576,
+                   help="the messages' last dimension for codecs with +h / +oN options (default: %(default)s, SmolLM2)")
     p.add_argument("--out", type=Path, default=Path("bench_out/codecs"))
     p.set_defaults(func=codecs.run)
 
@@ -119,8 +123,10 @@ def _tp_decode(kinds) -> None:
     p = kinds.add_parser("tp-decode", help="TP decode tokens/s per all-reduce (plain, codecs), unshaped and shaped links")
     p.add_argument("--model", default="default")
     p.add_argument("--tp", type=positive_int, default=2, help="ranks (local gloo processes, 1 torch thread each)")
-    p.add_argument("--allreduce", nargs="+", default=list(tp_decode.DEFAULT_METHODS), choices=tp_decode_worker.DECODE_METHODS,
-                   help="'none' = no communication (wrong sums; the compute floor of a TP step)")
+    p.add_argument("--allreduce", nargs="+", default=list(tp_decode.DEFAULT_METHODS), type=decode_method,
+                   help="none, plain or codecs with +h / +oN options (" + ", ".join(tp_decode_worker.DECODE_METHODS) +
+                        "; +oN: one outlier set for the model, calibrated); 'none' = no communication (wrong sums; "
+                        "the compute floor of a TP step)")
     p.add_argument("--batches", type=positive_int, nargs="+", default=[1, 8])
     p.add_argument("--prompt", type=positive_int, default=64, help="prompt tokens (WikiText-2 validation windows)")
     p.add_argument("--random-prompts", action="store_true",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from lowbit.parallel.launch import check_results, run_here_or_spawn, under_torchrun
 
-from lowbit.parallel.layers import ALLREDUCE_CHOICES
+from lowbit.parallel.layers import parse_allreduce
 from lowbit.models.shard_plan import make_plan
 from lowbit.eval.tp_worker import check_quantized_world, checkpoint_folder, eval_rank
 
@@ -16,8 +16,7 @@ def check_tp_args(kind: str, model: str, tp: int, allreduce: str, ref: str | Non
 
     if kind not in ("ppl", "kl"):
         raise ValueError(f"kind must be 'ppl' or 'kl', got {kind!r}")
-    if allreduce not in ALLREDUCE_CHOICES:
-        raise ValueError(f"unknown all-reduce {allreduce!r}; choose from {', '.join(ALLREDUCE_CHOICES)}")
+    parse_allreduce(allreduce)
     if not isinstance(tp, int) or tp < 1:
         raise ValueError(f"--tp must be a positive integer, got {tp!r}")
     if ref is not None and str(ref).endswith(".safetensors"):
@@ -30,13 +29,15 @@ def check_tp_args(kind: str, model: str, tp: int, allreduce: str, ref: str | Non
 
 def run_tp_eval(kind: str, model: str, tp: int, allreduce: str = "plain", dataset: str = "wikitext2",
                 seqlen: int = 2048, max_windows: int | None = None, batch_size: int = 1,
-                ref: str | None = None, timeout_s: float = 600.0, deadline_s: float = 6 * 3600.0) -> dict | None:
+                ref: str | None = None, timeout_s: float = 600.0, deadline_s: float = 6 * 3600.0,
+                outlier_channels: str = "model") -> dict | None:
     """Evaluate ``model`` split over ``tp`` ranks; the result dict (PerplexityResult / KLResult
     fields plus kind, model, tp, allreduce, plan) on rank 0, None on other torchrun ranks.
 
     Launches ``tp`` local gloo ranks itself, or, under torchrun, runs as this process's rank
     (then the world size must equal ``tp``). ``ref``: the KL reference (default: ``model``
-    itself, single-process, float).
+    itself, single-process, float). ``outlier_channels``: with ``+oN`` codecs, "model" (one set for
+    every row-parallel linear) or "layer" (each its own), chosen on calibration text.
     """
     check_tp_args(kind, model, tp, allreduce, ref)
     if under_torchrun():
@@ -51,7 +52,7 @@ def run_tp_eval(kind: str, model: str, tp: int, allreduce: str = "plain", datase
         if not dist.is_initialized():  # the shards run on the CPU: gloo, even where CUDA exists
             dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
     values = check_results(run_here_or_spawn(
-        eval_rank, tp, kind, model, allreduce, dataset, seqlen, max_windows, batch_size, ref,
+        eval_rank, tp, kind, model, allreduce, dataset, seqlen, max_windows, batch_size, ref, outlier_channels,
         timeout_s=timeout_s, deadline_s=deadline_s,
     ))
     return values[0]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from lowbit.parallel.layers import make_reducer
+from lowbit.parallel.layers import install_reducers, make_reducer
 from lowbit.parallel.shard import load_tp_shard
 
 
@@ -35,15 +35,17 @@ def check_quantized_world(path: str, world: int) -> None:
         require_world(path, read_meta(path)["scheme"].get("tensor_parallel", {}).get("world", 1), world)
 
 
-def forward_rank(rank: int, world: int, path: str, allreduce: str, ids: torch.Tensor) -> torch.Tensor:
+def forward_rank(rank: int, world: int, path: str, allreduce: str, ids: torch.Tensor,
+                 outlier_channels: str = "model") -> torch.Tensor:
     """Logits ``[B, T, V]`` (fp32) of ``ids`` from the sharded model (the same on every rank)."""
-    model = load_tp_shard(path, rank, world, make_reducer(allreduce))
+    model = install_reducers(load_tp_shard(path, rank, world, make_reducer("plain")), allreduce, rank, path,
+                             outlier_channels)
     with torch.inference_mode():
         return model(input_ids=ids, use_cache=False).logits.float()
 
 
 def eval_rank(rank: int, world: int, kind: str, model: str, allreduce: str, dataset: str, seqlen: int,
-              max_windows: int | None, batch_size: int, ref: str | None) -> dict | None:
+              max_windows: int | None, batch_size: int, ref: str | None, outlier_channels: str = "model") -> dict | None:
     """Perplexity or KL of the sharded model; the result on rank 0, None elsewhere.
 
     For KL, rank 0 also holds the single-process reference model and runs ``kl_divergence``;
@@ -58,7 +60,8 @@ def eval_rank(rank: int, world: int, kind: str, model: str, allreduce: str, data
 
     path = checkpoint_folder(model)
     tok = load_tokenizer(path)
-    tp_model = load_tp_shard(path, rank, world, make_reducer(allreduce))
+    tp_model = install_reducers(load_tp_shard(path, rank, world, make_reducer("plain")), allreduce, rank, model,
+                                outlier_channels)
     kw = dict(dataset=dataset, seqlen=seqlen, max_windows=max_windows, batch_size=batch_size)
     if kind == "kl" and rank == 0:
         ref_model, _ = load_model(ref or model, kernel="reference")  # as the shards run: KL is the split alone
@@ -68,4 +71,6 @@ def eval_rank(rank: int, world: int, kind: str, model: str, allreduce: str, data
     if rank != 0:
         return None
     res.update(kind=kind, model=model, tp=world, allreduce=allreduce, plan=tp_model.lowbit_tp_plan.describe())
+    if hasattr(tp_model, "lowbit_outlier_channels"):
+        res.update(outlier_channels=outlier_channels, channels=tp_model.lowbit_outlier_channels)
     return res

@@ -9,30 +9,75 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lowbit.comm.codecs import CODECS
+from lowbit.comm.codecs import CODECS, parse_spec
 from lowbit.comm.policy import NO_MAX
 
-ALLREDUCE_CHOICES = ("plain", *CODECS)
+ALLREDUCE_CHOICES = ("plain", *CODECS)  # each codec also with +h / +oN options (parse_allreduce)
 
 
-def make_reducer(allreduce: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """In-place SUM over the default group. Codecs quantize *every* message (min_bytes=0, no
-    tuned table): small decode messages are compressed too, so a study measures the codec itself."""
-    if allreduce == "plain":
-        def plain(t: torch.Tensor) -> torch.Tensor:
-            dist.all_reduce(t)
-            return t
-        return plain
-    if allreduce not in CODECS:
-        raise ValueError(f"unknown all-reduce {allreduce!r}; choose from {', '.join(ALLREDUCE_CHOICES)}")
+def parse_allreduce(name: str) -> str:
+    """"plain" or a codec spec's canonical name (``int4+h+o16``); ValueError naming the choices."""
+    if name == "plain":
+        return name
+    try:
+        return parse_spec(name).name
+    except ValueError as e:
+        raise ValueError(f"unknown all-reduce {name!r} ({e}); choose plain or a codec "
+                         f"({', '.join(CODECS)}) with optional +h, +h32 and +oN") from None
+
+
+def quick_all_reduce(allreduce: str, hidden: int | None = None, **kw):
+    """``QuickAllReduce`` that quantizes *every* message (min_bytes=0, no tuned table): small decode
+    messages are compressed too, so a study measures the codec itself. On 2 ranks every message
+    takes the one-shot path: each rank sends the same bytes as with two-shot (its whole encoded
+    tensor once, instead of half of it twice) and the sum is not quantized a second time
+    (LOWBIT_QR_TWOSHOT_MIN_BYTES=0 restores two-shot, e.g. to measure it)."""
     import warnings
 
     from lowbit.comm.allreduce import QuickAllReduce
 
+    one_shot = dist.is_initialized() and dist.get_world_size() == 2
+    kw = {"min_bytes": 0, "max_bytes": NO_MAX, "table": {}} | ({"twoshot_min_bytes": NO_MAX} if one_shot else {}) | kw
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the INT3-at-W>2 advice: the study measures exactly that
-        qar = QuickAllReduce(codec=allreduce, min_bytes=0, max_bytes=NO_MAX, table={})
-    return qar.all_reduce
+        return QuickAllReduce(codec=allreduce, hidden=hidden, **kw)
+
+
+def make_reducer(allreduce: str, hidden: int | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """In-place SUM over the default group: plain ``dist.all_reduce`` or a codec (``+h`` needs
+    ``hidden``; ``+oN`` needs per-layer channels: :func:`install_reducers`)."""
+    if parse_allreduce(allreduce) == "plain":
+        def plain(t: torch.Tensor) -> torch.Tensor:
+            dist.all_reduce(t)
+            return t
+        return plain
+    if parse_spec(allreduce).outliers:
+        raise ValueError(f"all-reduce {allreduce!r} needs outlier channels per layer; use install_reducers")
+    return quick_all_reduce(allreduce, hidden).all_reduce
+
+
+def install_reducers(model: nn.Module, allreduce: str, rank: int, source: str, per: str = "model",
+                     channels: dict[str, torch.Tensor] | None = None, **calib) -> nn.Module:
+    """Give a loaded shard's row-parallel layers the all-reduce ``allreduce``; with ``+oN`` each
+    layer gets its own N outlier channels (``per="layer"``) or all the same (``"model"``), calibrated
+    by rank 0 on the single-process ``source`` model and broadcast (collective), unless
+    ``channels`` ({layer name: channels}, the same on every rank) gives them."""
+    spec = parse_allreduce(allreduce)
+    hidden = model.config.hidden_size
+    if spec == "plain" or not parse_spec(spec).outliers:
+        return set_reducer(model, make_reducer(spec, hidden))
+    from .outlier_channels import row_parallel_names, shared_channels
+
+    names = row_parallel_names(model)
+    chans = channels if channels is not None else shared_channels(rank, source, names, parse_spec(spec).outliers, per,
+                                                                  **calib)
+    qar = quick_all_reduce(spec, hidden)
+    mods = dict(model.named_modules())
+    for name in names:
+        plan = qar.plan_for(chans[name])
+        mods[name].reduce = lambda t, plan=plan: qar.all_reduce(t, plan=plan)
+    model.lowbit_outlier_channels = {n: c.tolist() for n, c in chans.items()}
+    return model
 
 
 class RowParallelLinear(nn.Module):

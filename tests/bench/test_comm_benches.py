@@ -61,6 +61,21 @@ def test_bench_codecs_end_to_end(tmp_path):
     assert all(r["encode_GBps"] > 0 and r["copy_GBps"] > 0 for r in rows)
 
 
+def test_benches_take_codec_options(tmp_path):
+    """int4+h+o16 in bench codecs (one-shot encode/decode) and bench allreduce (whole tokens of --hidden)."""
+    assert main(["bench", "codecs", "--elements", "65536", "--repeats", "2", "--codecs", "int4,int4+h+o16",
+                 "--hidden", "576", "--out", str(tmp_path / "c")]) == 0
+    rows = json.loads((tmp_path / "c" / "codecs.json").read_text())["rows"]
+    assert [r["codec"] for r in rows] == ["int4", "int4+h+o16"]
+    assert rows[1]["wire_ratio"] == pytest.approx(16 / (4.5 + 16 * 16 / 576), abs=1e-3) and rows[1]["encode_GBps"] > 0
+    assert main(["bench", "allreduce", "--world-size", "2", "--codecs", "int4+o16,INT4+o16+h", "--sizes", "64K",
+                 "--repeats", "1", "--accuracy-elements", "4096", "--out", str(tmp_path / "a")]) == 0
+    data = json.loads((tmp_path / "a" / "allreduce.json").read_text())
+    assert {r["method"] for r in data["rows"]} == {"plain", "int4+o16", "int4+h+o16"}
+    assert {r["size_bytes"] for r in data["rows"]} == {65536 // 2 // 576 * 576 * 2}  # whole tokens
+    assert data["accuracy"] == []  # options act on hidden-size messages: their accuracy is the TP table's
+
+
 def test_tune_writes_a_table_that_quick_all_reduce_reads(tmp_path, monkeypatch):
     path = tmp_path / "qr.json"
     assert main(["tune", "allreduce", "--world-sizes", "2", "--codecs", "int4", "--dtypes", "bfloat16",

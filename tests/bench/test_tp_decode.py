@@ -96,6 +96,11 @@ def test_counting_reducer_and_methods():
         method_reducer("int5")
     with pytest.raises(ValueError, match="unknown policy"):
         method_reducer("int4", policy="sometimes")
+    from lowbit.bench.tp_decode_worker import parse_method
+
+    assert parse_method("INT4+o16+h") == "int4+h+o16" and parse_method("none") == "none"
+    with pytest.raises(ValueError, match="unknown option"):
+        parse_method("int4+q")
 
 
 def test_greedy_bad_input(tiny):

@@ -19,3 +19,16 @@ def forward_cases(rank: int, world: int, cases: list[tuple[str, torch.Tensor]], 
             with torch.inference_mode():
                 out.append(model(input_ids=ids, use_cache=False).logits.float())
     return out
+
+
+def channel_forward(rank: int, world: int, path: str, ids: torch.Tensor, runs: list[tuple[str, dict | None]]) -> list:
+    """Logits with each (all-reduce, {layer: outlier channels} or None) on one loaded shard."""
+    from lowbit.parallel.layers import install_reducers
+
+    model = load_tp_shard(path, rank, world, make_reducer("plain"))
+    out = []
+    for name, chans in runs:
+        install_reducers(model, name, rank, path, channels=chans)
+        with torch.inference_mode():
+            out.append(model(input_ids=ids, use_cache=False).logits.float())
+    return out

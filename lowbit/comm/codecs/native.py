@@ -36,6 +36,12 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.qr_decode.restype = ci
     lib.qr_reduce.argtypes = [vp, ci, i64, ci, ci, i64, i64, ctypes.c_float, vp, ctypes.POINTER(i64), i64]
     lib.qr_reduce.restype = ci
+    lib.qr_split.argtypes = [vp, ci, i64, i64, vp, i64, ci, ctypes.c_float, vp, vp]
+    lib.qr_split.restype = ci
+    lib.qr_merge.argtypes = [vp, i64, i64, vp, i64, ci, ctypes.c_float, vp, vp, ci]
+    lib.qr_merge.restype = ci
+    lib.qr_encode_split.argtypes = [vp, ci, i64, i64, vp, i64, ci, ctypes.c_float, vp, i64, ci, ci, vp, i64, i64, i64]
+    lib.qr_encode_split.restype = ci
 
 
 _LIB = cbuild.NativeLibrary(_SRC, _flag_sets, _bind)
@@ -138,3 +144,66 @@ def reduce_rows(wires: list[torch.Tensor], kind: int, bits: int, row_bytes: int,
         _call((lib or _lib).qr_reduce, ptrs, len(wires), rows, kind, bits, row_bytes, code_bytes, float(clamp),
               out.data_ptr(), sizes, _bytes(out))
     return out
+
+
+def split_channels(x: torch.Tensor, hidden: int, chans: torch.Tensor, nch: int, block: int, scale: float,
+                   rest: torch.Tensor | None = None, outl: torch.Tensor | None = None,
+                   lib: ctypes.CDLL | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float32 rest [tokens, hidden], outliers [tokens, nch] in x's dtype) of the contiguous CPU
+    message x (``channels.ChannelPlan.split``), written into ``rest`` / ``outl`` when given (kept
+    buffers: a fresh large one costs page faults); ``chans``: the sorted distinct int64 channels."""
+    _check_values(x, "split input")
+    _check_chans(chans, hidden, nch, x.numel())
+    tokens = x.numel() // hidden
+    rest = torch.empty(tokens, hidden, dtype=torch.float32) if rest is None else rest
+    outl = torch.empty(tokens, nch, dtype=x.dtype) if outl is None else outl
+    for t, shape, dt, what in ((rest, (tokens, hidden), torch.float32, "rest"), (outl, (tokens, nch), x.dtype, "outl")):
+        if tuple(t.shape) != shape or t.dtype != dt or not t.is_contiguous() or t.device.type != "cpu":
+            raise ValueError(f"split: {what} must be a contiguous CPU {dt} tensor of shape {shape}")
+    _call((lib or _lib).qr_split, x.data_ptr(), _IN_TYPES[x.dtype], x.numel(), hidden, chans.data_ptr(), nch, block,
+          scale, outl.data_ptr(), rest.data_ptr())
+    return rest, outl
+
+
+def encode_split(x: torch.Tensor, hidden: int, chans: torch.Tensor, nch: int, block: int, scale: float,
+                 kind: int, bits: int, row_bytes: int, code_bytes: int, out: torch.Tensor, outl: torch.Tensor,
+                 lib: ctypes.CDLL | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`split_channels` and the codec fused per row (quantized kinds): the wire ``out``
+    ``[rows, row_bytes]`` and the outlier channels ``outl`` ``[tokens, nch]`` in x's dtype."""
+    _check_values(x, "encode input")
+    _check_chans(chans, hidden, nch, x.numel())
+    tokens = x.numel() // hidden
+    rows = _check_rows(out, "encode out", -(-x.numel() // 2048), row_bytes)
+    if tuple(outl.shape) != (tokens, nch) or outl.dtype != x.dtype or not outl.is_contiguous() or outl.device.type != "cpu":
+        raise ValueError(f"encode_split: outl must be a contiguous CPU {x.dtype} tensor of shape {(tokens, nch)}")
+    if kind > 1:
+        raise ValueError("encode_split: only the quantized codecs (int, fp4) take outlier channels / block Hadamard")
+    _call((lib or _lib).qr_encode_split, x.data_ptr(), _IN_TYPES[x.dtype], x.numel(), hidden, chans.data_ptr(), nch,
+          block, scale, outl.data_ptr(), rows, kind, bits, out.data_ptr(), row_bytes, code_bytes, _bytes(out))
+    return out, outl
+
+
+def merge_channels(rest: torch.Tensor, hidden: int, chans: torch.Tensor, nch: int, block: int, scale: float,
+                   osum: torch.Tensor | None, out: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """``out`` (contiguous CPU, any float dtype) = the transformed float32 ``rest`` with the float32
+    outlier sums ``osum`` [tokens, nch] put back (``channels.ChannelPlan.merge``)."""
+    if rest.dtype != torch.float32 or rest.device.type != "cpu" or not rest.is_contiguous():
+        raise ValueError("merge: the rest must be a contiguous CPU float32 tensor")
+    _check_values(out, "merge out")
+    _check_chans(chans, hidden, nch, rest.numel())
+    if out.numel() != rest.numel():
+        raise ValueError(f"merge: out holds {out.numel()} values, the rest {rest.numel()}")
+    if nch and (osum is None or osum.dtype != torch.float32 or not osum.is_contiguous()
+                or osum.numel() != rest.numel() // hidden * nch):
+        raise ValueError(f"merge: needs contiguous float32 outlier sums of {rest.numel() // hidden} x {nch}")
+    _call((lib or _lib).qr_merge, rest.data_ptr(), rest.numel(), hidden, chans.data_ptr(), nch, block, scale,
+          osum.data_ptr() if nch else None, out.data_ptr(), _IN_TYPES[out.dtype])
+    return out
+
+
+def _check_chans(chans: torch.Tensor, hidden: int, nch: int, n: int) -> None:
+    if chans.dtype != torch.int64 or not chans.is_contiguous() or chans.numel() != nch or chans.device.type != "cpu":
+        raise ValueError(f"outlier channels must be a contiguous CPU int64 tensor of {nch} values")
+    if n % hidden or (nch and (int(chans.min()) < 0 or int(chans.max()) >= hidden or bool((chans[1:] <= chans[:-1]).any()))):
+        raise ValueError(f"{n} values are not whole tokens of {hidden}, or the channels are not sorted, distinct, "
+                         f"in [0, {hidden})")

@@ -93,7 +93,83 @@ def get_codec(codec: str | Codec) -> Codec:
     try:
         return CODECS[str(codec).lower()]
     except KeyError:
-        raise ValueError(f"unknown codec {codec!r}; choose one of {', '.join(CODECS)}") from None
+        hint = "; +h / +oN options name a CodecSpec (parse_spec), not a wire codec" if "+" in str(codec) else ""
+        raise ValueError(f"unknown codec {codec!r}; choose one of {', '.join(CODECS)}{hint}") from None
+
+
+HADAMARD_BLOCKS = (32, 64)
+DEFAULT_HADAMARD = 64  # measured on the default model's TP 2 all-reduce: see the README
+
+
+@dataclass(frozen=True)
+class CodecSpec:
+    """A codec plus what is done around it for hidden-size messages (``int4+h+o16``).
+
+    ``hadamard``: block size of the Hadamard transform applied inside the blocks before encoding
+    (0: none); ``outliers``: how many fixed channels travel exactly in the input dtype beside the
+    blocks (0: none). See ``lowbit.comm.channels``.
+    """
+
+    codec: Codec
+    hadamard: int = 0
+    outliers: int = 0
+
+    @property
+    def name(self) -> str:
+        h = "" if not self.hadamard else "+h" if self.hadamard == DEFAULT_HADAMARD else f"+h{self.hadamard}"
+        return self.codec.name + h + (f"+o{self.outliers}" if self.outliers else "")
+
+    @property
+    def plain_codec(self) -> bool:
+        """No transform and no outlier channels: the codec alone, on any message shape."""
+        return not self.hadamard and not self.outliers
+
+    def wire_bytes(self, numel: int, dtype: torch.dtype, hidden: int | None = None) -> int:
+        """Exact bytes one rank's message of ``numel`` values puts on the wire (one-shot: what each rank
+        sends once): whole codec rows for every value, plus the outlier channels in ``dtype``."""
+        base = n_rows(numel) * self.codec.wire_row_bytes(dtype)
+        if not self.outliers:
+            return base
+        if not hidden or numel % hidden:
+            raise ValueError(f"{self.name}: {numel} values are not whole tokens of hidden size {hidden}")
+        return base + numel // hidden * self.outliers * _ELEM_SIZE[dtype]
+
+    def bits_per_value(self, dtype: torch.dtype, hidden: int | None = None) -> float:
+        """Wire bits per input value for long messages: the codec's rows, plus ``16 N / hidden``
+        for N bf16 outlier channels (16 of 576: +0.44)."""
+        check_dtype(dtype)
+        extra = 0.0 if not self.outliers else 8.0 * self.outliers * _ELEM_SIZE[dtype] / hidden
+        return 8.0 * self.codec.wire_row_bytes(dtype) / ROW + extra
+
+
+def parse_spec(text: str | Codec | CodecSpec) -> CodecSpec:
+    """``int4``, ``int4+h`` (Hadamard in 64-value blocks; ``+h32`` / ``+h64`` choose), ``int4+o16``
+    (16 exact channels), combinable in any order (``int4+h+o16``); the one place all-reduce codec
+    names are read. ValueError names what is wrong."""
+    if isinstance(text, CodecSpec):
+        return text
+    if isinstance(text, Codec):
+        return CodecSpec(text)
+    parts = str(text).strip().lower().split("+")
+    codec = get_codec(parts[0])
+    had = outl = None
+    for opt in parts[1:]:
+        if opt in ("h", "h32", "h64"):
+            if had is not None:
+                raise ValueError(f"codec {text!r}: +h given twice")
+            had = int(opt[1:]) if len(opt) > 1 else DEFAULT_HADAMARD
+        elif opt[:1] == "o" and opt[1:].isdigit():
+            if outl is not None:
+                raise ValueError(f"codec {text!r}: +oN given twice")
+            outl = int(opt[1:])
+            if outl < 1:
+                raise ValueError(f"codec {text!r}: +oN needs at least one outlier channel")
+        else:
+            raise ValueError(f"codec {text!r}: unknown option {'+' + opt!r}; options are +h, +h32, +h64 "
+                             "(block Hadamard) and +oN (N exact outlier channels)")
+    if codec.kind == "fp" and (had or outl):
+        raise ValueError(f"codec {text!r}: the fp codec sends raw values already; +h / +oN apply to quantized codecs")
+    return CodecSpec(codec, had or 0, outl or 0)
 
 
 def fp_wire_dtype(dtype: torch.dtype) -> torch.dtype:

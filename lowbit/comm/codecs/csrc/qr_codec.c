@@ -352,6 +352,16 @@ static void decode_row(const uint8_t *row, int kind, int bits, int64_t code_byte
     }
 }
 
+/* m float32 values to bf16 (round to nearest even, as torch). */
+static void store_bf16(const float *v, uint16_t *o, int64_t m) {
+    int64_t i = 0;
+#ifdef QR_SIMD
+    simd_to_bf16(v, o, m);
+    i = m & ~(int64_t)15;
+#endif
+    for (; i < m; i++) o[i] = to_bf16(v[i]);
+}
+
 /* Quantized values bound for fp16: |v| in (65504, 65536) -> +-65504 (see fast.saturate_f16). */
 static void saturate_f16(float *v, int64_t m) {
     for (int64_t i = 0; i < m; i++) {
@@ -393,13 +403,7 @@ int qr_decode(const uint8_t *wire, int64_t rows, int kind, int bits, int64_t row
             else
                 memcpy(o, vals, (size_t)m * sizeof(float));
         } else if (out_type == 1) {
-            uint16_t *o = (uint16_t *)out + start;
-            int64_t i = 0;
-#ifdef QR_SIMD
-            simd_to_bf16(vals, o, m);
-            i = m & ~(int64_t)15;
-#endif
-            for (; i < m; i++) o[i] = to_bf16(vals[i]);
+            store_bf16(vals, (uint16_t *)out + start, m);
         } else {
             _Float16 *o = (_Float16 *)out + start;
             int64_t i = 0;
@@ -444,3 +448,4 @@ int qr_reduce(const uint8_t *const *wires, int nw, int64_t rows, int kind, int b
     }
     return 0;
 }
+#include "qr_channels.h"

@@ -1,0 +1,116 @@
+/* Outlier channels and the block Hadamard around the codecs (see ../../channels.py), one pass each
+ * way over a [tokens, hidden] message, in chunks of ROW values kept in L1:
+ *   qr_split: the input (f32/bf16/f16) -> its outlier channels (raw, in the input dtype) and the
+ *             rest as float32 with those channels zeroed and, block > 0, H/sqrt(B) per block;
+ *   qr_merge: the float32 rest -> H/sqrt(B) per block, the float32 outlier sums put back, one cast
+ *             to the output dtype (f32/bf16/f16, round to nearest even, overflow to inf).
+ * The butterfly is lowbit.formats.hadamard.fast_transform's (stages h = 1, 2, 4, ..., a + b and
+ * a - b, then one multiply by the float32 scale): the same bits as the torch path (tested).
+ * chans: the nch outlier channels, sorted, distinct, in [0, hidden). */
+
+/* One stage of the butterfly with a constant span H (the compiler vectorizes it). */
+#define QR_STAGE(x, B, H)                                                                          \
+    for (int i_ = 0; i_ < (B); i_ += 2 * (H))                                                      \
+        for (int j_ = i_; j_ < i_ + (H); j_++) {                                                   \
+            float a_ = (x)[j_], c_ = (x)[j_ + (H)];                                                \
+            (x)[j_] = a_ + c_;                                                                     \
+            (x)[j_ + (H)] = a_ - c_;                                                               \
+        }
+
+static void fwht_blocks(float *v, int64_t m, int block, float scale) {
+    for (int64_t b = 0; b + block <= m; b += block) {
+        float *x = v + b;
+        if (block == 64) {
+            QR_STAGE(x, 64, 1) QR_STAGE(x, 64, 2) QR_STAGE(x, 64, 4) QR_STAGE(x, 64, 8) QR_STAGE(x, 64, 16)
+            QR_STAGE(x, 64, 32)
+        } else if (block == 32) {
+            QR_STAGE(x, 32, 1) QR_STAGE(x, 32, 2) QR_STAGE(x, 32, 4) QR_STAGE(x, 32, 8) QR_STAGE(x, 32, 16)
+        } else {
+            for (int h = 1; h < block; h *= 2) QR_STAGE(x, block, h)
+        }
+        for (int i = 0; i < block; i++) x[i] *= scale;
+    }
+}
+
+static int channels_ok(int64_t n, int64_t hidden, int64_t nch, int block) {
+    return hidden > 0 && n >= 0 && n % hidden == 0 && nch >= 0 && nch < hidden
+           && (block == 0 || ((block & (block - 1)) == 0 && block <= 64 && ROW % block == 0 && hidden % block == 0));
+}
+
+/* Returns 0, or -1 (nothing written) for a size or layout that is not ours. outl: [n / hidden, nch]
+ * values of the input's element size; rest: n floats. */
+int qr_split(const void *in, int in_type, int64_t n, int64_t hidden, const int64_t *chans, int64_t nch, int block,
+             float scale, void *outl, float *rest) {
+    float buf[ROW];
+    if (!channels_ok(n, hidden, nch, block) || in_type < 0 || in_type > 2) return -1;
+    size_t es = in_type == 0 ? 4 : 2;
+    const uint8_t *src = (const uint8_t *)in;
+    for (int64_t start = 0; start < n; start += ROW) {
+        int64_t m = n - start < ROW ? n - start : ROW;
+        load_row(in, in_type, start, n, buf);
+        for (int64_t tok = start / hidden; nch && tok * hidden < start + m; tok++)
+            for (int64_t k = 0; k < nch; k++) {
+                int64_t p = tok * hidden + chans[k];
+                if (p < start || p >= start + m) continue;
+                memcpy((uint8_t *)outl + (size_t)(tok * nch + k) * es, src + (size_t)p * es, es);
+                buf[p - start] = 0.0f;
+            }
+        if (block) fwht_blocks(buf, m, block, scale);
+        memcpy(rest + start, buf, (size_t)m * sizeof(float));
+    }
+    return 0;
+}
+
+int qr_merge(const float *rest, int64_t n, int64_t hidden, const int64_t *chans, int64_t nch, int block, float scale,
+             const float *osum, void *out, int out_type) {
+    float buf[ROW];
+    if (!channels_ok(n, hidden, nch, block) || out_type < 0 || out_type > 2 || (nch && !osum)) return -1;
+    for (int64_t start = 0; start < n; start += ROW) {
+        int64_t m = n - start < ROW ? n - start : ROW;
+        memcpy(buf, rest + start, (size_t)m * sizeof(float));
+        if (block) fwht_blocks(buf, m, block, scale);
+        for (int64_t tok = start / hidden; nch && tok * hidden < start + m; tok++)
+            for (int64_t k = 0; k < nch; k++) {
+                int64_t p = tok * hidden + chans[k];
+                if (p >= start && p < start + m) buf[p - start] = osum[tok * nch + k];
+            }
+        if (out_type == 0) {
+            memcpy((float *)out + start, buf, (size_t)m * sizeof(float));
+        } else if (out_type == 1) {
+            store_bf16(buf, (uint16_t *)out + start, m);
+        } else {
+            _Float16 *o = (_Float16 *)out + start;
+            for (int64_t i = 0; i < m; i++) o[i] = (_Float16)buf[i];
+        }
+    }
+    return 0;
+}
+
+/* qr_split and qr_encode fused for a quantized kind (0 int, 1 FP4): per 2048-value row, the
+ * outlier channels out (raw into outl) and zeroed, the block Hadamard, then the codec, all in L1;
+ * the same bytes as qr_split then qr_encode of the float32 rest (tested). */
+int qr_encode_split(const void *in, int in_type, int64_t n, int64_t hidden, const int64_t *chans, int64_t nch,
+                    int block, float scale, void *outl, int64_t rows, int kind, int bits, uint8_t *out,
+                    int64_t row_bytes, int64_t code_bytes, int64_t out_bytes) {
+    float buf[ROW];
+    if (!channels_ok(n, hidden, nch, block) || in_type < 0 || in_type > 2 || kind > 1
+        || !layout_ok(kind, bits, row_bytes, code_bytes) || !fits(rows, row_bytes, out_bytes)
+        || rows > INT64_MAX / ROW || rows * ROW < n)
+        return -1;
+    size_t es = in_type == 0 ? 4 : 2;
+    const uint8_t *src = (const uint8_t *)in;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t start = r * ROW, m = n - start < ROW ? (n - start > 0 ? n - start : 0) : ROW;
+        load_row(in, in_type, start, n, buf);
+        for (int64_t tok = start / hidden; nch && m && tok * hidden < start + m; tok++)
+            for (int64_t k = 0; k < nch; k++) {
+                int64_t p = tok * hidden + chans[k];
+                if (p < start || p >= start + m) continue;
+                memcpy((uint8_t *)outl + (size_t)(tok * nch + k) * es, src + (size_t)p * es, es);
+                buf[p - start] = 0.0f;
+            }
+        if (block) fwht_blocks(buf, ROW, block, scale); /* the zero padding transforms to zeros */
+        encode_row(buf, kind, bits, out + r * row_bytes, code_bytes);
+    }
+    return 0;
+}

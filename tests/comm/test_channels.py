@@ -1,0 +1,164 @@
+"""Outlier channels (+oN) and the block Hadamard (+h) around the all-reduce codecs: names and wire
+sizes, the fast split/merge against a plain reference, the distributed result on 2 and 3 gloo
+ranks (bit-identical on every rank, equal to the one-process simulation, within the error bound,
+the outlier channels exact) and the clear errors."""
+
+import pytest
+import torch
+import channel_workers as cw
+
+from lowbit.comm.channel_accuracy import channel_error_bound, merge_reference, simulate_channels, split_reference
+from lowbit.comm.channels import ChannelPlan, transform_bound
+from lowbit.comm.codecs import encode, parse_spec
+from lowbit.parallel.launch import check_results, run_ranks
+
+
+def test_names_and_wire_sizes():
+    assert parse_spec("INT4+o16+h").name == "int4+h+o16"
+    assert parse_spec("int3+h32").hadamard == 32 and parse_spec("int4+h").hadamard == 64
+    s = parse_spec("int4+o16")
+    assert s.bits_per_value(torch.bfloat16, 576) - 4.5 == pytest.approx(16 * 16 / 576)  # +0.44
+    assert 16 / s.bits_per_value(torch.bfloat16, 576) >= 3.0  # >= 3x fewer bytes than bf16
+    assert s.wire_bytes(576 * 10, torch.bfloat16, 576) == 3 * 1152 + 10 * 16 * 2
+    assert parse_spec("int4+h").wire_bytes(5000, torch.float32) == 3 * 1152
+    for bad, msg in [("int4+x", "unknown option"), ("fp+o4", "raw values"), ("int4+o0", "at least one"),
+                     ("int4+h+h32", "twice"), ("int9+h", "unknown codec")]:
+        with pytest.raises(ValueError, match=msg):
+            parse_spec(bad)
+
+
+def test_plan_errors():
+    ok = cw.channels_for(16)
+    for spec, hidden, chans, msg in [
+        ("int4+o16", 576, None, "needs its 16 outlier channels"),
+        ("int4+o16", 576, ok[:8], "needs 16 outlier channels, got 8"),
+        ("int4+o16", 576, torch.cat([ok[:15], ok[:1]]), "distinct"),
+        ("int4+o16", 576, torch.cat([ok[:15], torch.tensor([576])]), r"\[0, 576\)"),
+        ("int4+o16", 576, ok.float(), "integers"),
+        ("int4+o16", 16, torch.arange(16), "fewer than 16"),
+        ("int4+h", 100, None, "multiple of the Hadamard block 64"),
+        ("int4+h", None, None, "needs the hidden size"),
+        ("int4", 576, ok, "no \\+oN option"),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            ChannelPlan.make(spec, hidden, chans)
+    plan = ChannelPlan.make("int4+o16", 576, ok)
+    with pytest.raises(ValueError, match="hidden size 576"):
+        plan.split(torch.zeros(4, 288))
+    assert ChannelPlan.make("int4", 576) is None
+
+
+@pytest.mark.parametrize("spec", ["int4+o16", "int4+h", "int4+h32+o8", "int3+h+o16"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float16"])
+def test_split_and_merge_equal_the_reference(spec, dtype):
+    s = parse_spec(spec)
+    plan = ChannelPlan.make(s, 576, cw.channels_for(s.outliers) if s.outliers else None)
+    x = cw.channel_input(0, 5, dtype, 2)
+    rest, outl = plan.split(x)
+    ref_rest, ref_outl = split_reference(x, plan)
+    assert torch.equal(outl, ref_outl)
+    zeroed = x.float().index_fill(1, plan.channels, 0.0)
+    bound = transform_bound(zeroed, plan.block) if plan.block else torch.zeros(1)
+    assert bool(((rest.double() - ref_rest).abs() <= bound).all())
+    osum = outl.float() * 3
+    out = plan.merge(rest.clone(), osum, torch.empty(5, 576, dtype=torch.float32))
+    ref = merge_reference(rest, osum, plan)
+    back = transform_bound(rest.abs(), plan.block) if plan.block else torch.zeros(1)
+    assert bool(((out.double() - ref).abs() <= back).all())
+    assert torch.equal(out[:, plan.channels], osum)
+    # split then merge is the identity up to the two transforms' rounding
+    assert torch.allclose(out.index_fill(1, plan.channels, 0.0), zeroed, rtol=0, atol=1e-4 * float(x.float().abs().max()))
+
+
+CASES = [("int4+o16", "bfloat16", 7, 1, "twoshot"), ("int4+h", "float32", 5, 2, "oneshot"),
+         ("int3+h+o16", "float16", 9, 3, "twoshot"), ("int4+h32+o8", "bfloat16", 4, 4, "oneshot"),
+         ("int8+h+o4", "float32", 40, 5, "twoshot"), ("fp4+o16", "bfloat16", 3, 6, "oneshot")]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_rank_bit_identical_and_equal_to_the_simulation(world):
+    res = check_results(run_ranks(cw.channel_cases, world, CASES, timeout_s=30, deadline_s=180))
+    for i, (spec, dtype, tokens, seed, shot) in enumerate(CASES):
+        outs = [r["out"][i] for r in res]
+        for o in outs[1:]:
+            assert torch.equal(o.view(torch.uint8), outs[0].view(torch.uint8)), (world, spec)
+        s = parse_spec(spec)
+        plan = ChannelPlan.make(s, 576, cw.channels_for(s.outliers) if s.outliers else None)
+        inputs = [cw.channel_input(r, tokens, dtype, seed) for r in range(world)]
+        sim = simulate_channels(inputs, s, plan, shot)
+        assert torch.equal(outs[0].view(torch.uint8), sim.view(torch.uint8)), (world, spec)
+        exact = sum(x.double() for x in inputs)
+        err = (outs[0].double() - exact).abs().reshape(-1)
+        bound = channel_error_bound(inputs, s, plan)
+        assert bool((err <= bound).all()), (world, spec, float((err / bound).max()))
+        if s.outliers:  # the outlier channels: float32 sums, one cast
+            assert torch.equal(outs[0][:, plan.channels], exact[:, plan.channels].float().to(outs[0].dtype)) or \
+                bool((err.view(exact.shape)[:, plan.channels] <= bound.view(exact.shape)[:, plan.channels]).all())
+        assert res[0]["paths"][i] == (s.name, shot)
+        assert all(r["checks"][i] == 1 for r in res)  # two calls, one metadata exchange
+
+
+def test_outliers_and_hadamard_beat_the_plain_codec():
+    """On residual-like messages (a few huge channels) the options cut the error, as on the real model."""
+    inputs = [cw.channel_input(r, 16, "float32", 9) for r in range(2)]
+    exact = sum(x.double() for x in inputs)
+    errs = {}
+    for spec in ("int4", "int4+h", "int4+o16", "int4+h+o16"):
+        s = parse_spec(spec)
+        plan = ChannelPlan.make(s, 576, cw.channels_for(s.outliers) if s.outliers else None) or ChannelPlan.make("int4+h", 576)
+        got = simulate_channels(inputs, s, plan) if not s.plain_codec else None
+        if got is None:
+            from lowbit.comm.accuracy import simulate
+            got = simulate([x.reshape(-1) for x in inputs], s.codec).view(exact.shape)
+        errs[spec] = float(((got.double() - exact) ** 2).mean())
+    assert errs["int4+o16"] < errs["int4"] / 4 and errs["int4+h"] < errs["int4"] and errs["int4+h+o16"] < errs["int4+h"]
+
+
+def test_per_call_plans_and_a_noncontiguous_message():
+    a, b = check_results(run_ranks(cw.per_call_plans, 2, timeout_s=30, deadline_s=120))
+    for k in ("a", "b", "noncontig"):
+        assert torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)), k
+    assert torch.equal(a["a"], a["noncontig"]) and a["untouched"]
+    plan = ChannelPlan.make("int4+o8", 576, cw.channels_for(8))
+    sim = simulate_channels([cw.channel_input(r, 6, "bfloat16", 3) for r in range(2)], "int4+o8", plan)
+    assert torch.equal(a["a"], sim)
+    assert a["checks"] == 2  # two channel sets: two jobs, the repeated one cached
+
+
+@pytest.mark.parametrize("kind,err,text", [("channels", "MetadataMismatchError", "outlier channels #"),
+                                           ("shape", "ValueError", "hidden size 576")])
+def test_bad_jobs_fail_clearly_on_every_rank(kind, err, text):
+    res = check_results(run_ranks(cw.bad_jobs, 2, kind, timeout_s=30, deadline_s=120))
+    for r in res:
+        assert r.startswith(err) and text in r, r
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_c_split_and_merge_equal_the_torch_path(dtype):
+    from lowbit.comm.codecs import native
+
+    if not native.available():
+        pytest.skip("no C compiler: the torch path is the only one")
+    g = torch.Generator().manual_seed(5)
+    for spec, n, tokens in [("int4+h+o16", 16, 37), ("int4+o16", 16, 5), ("int4+h32", 0, 9), ("int3+h+o3", 3, 64)]:
+        plan = ChannelPlan.make(spec, 576, torch.randperm(576, generator=g)[:n] if n else None)
+        x = (torch.randn(tokens, 576, generator=g) * torch.rand(576, generator=g) * 100).to(dtype)
+        x[0, 3] = float("nan")
+        rc, oc = plan.split(x, {})
+        rt, ot = plan.split_torch(x)
+        assert torch.equal(rc.view(torch.int32), rt.view(torch.int32)) and torch.equal(oc.view(torch.uint8), ot.view(torch.uint8))
+        for codec in ("int4", "int3", "fp4", "int8"):
+            c = parse_spec(codec).codec
+            wire = torch.empty((tokens * 576 + 2047) // 2048, c.row_bytes, dtype=torch.uint8)
+            outl = torch.empty(tokens, n, dtype=dtype)
+            plan.encode(x, c, wire, outl)  # fused per row in C
+            assert torch.equal(wire, encode(rt.reshape(-1), c)) and torch.equal(outl.view(torch.uint8), ot.view(torch.uint8))
+        osum = torch.randn(tokens, n, generator=g) * 1e4
+        for odt in (torch.float32, torch.bfloat16, torch.float16):
+            a = plan.merge(rc, osum, torch.empty(tokens, 576, dtype=odt))
+            b = plan.merge_torch(rc.clone(), osum, torch.empty(tokens, 576, dtype=odt))
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (spec, dtype, odt)
+    with pytest.raises(ValueError, match="sorted, distinct"):
+        native.split_channels(torch.zeros(576), 576, torch.tensor([5, 3]), 2, 0, 1.0)
+    with pytest.raises(ValueError, match="whole tokens"):
+        native.split_channels(torch.zeros(577), 576, torch.tensor([3, 5]), 2, 0, 1.0)
