@@ -8,6 +8,7 @@ from torch import nn
 
 from lowbit.formats.scheme import Scheme
 from lowbit.models.module_paths import set_path
+from lowbit.nn.online_hadamard import carry_input_transform
 from lowbit.nn.quant_linear import QuantLinear
 
 from .recipe_steps import RecipeSteps
@@ -29,5 +30,6 @@ def replace_group_linears(layer: nn.Module, paths: list[str], linears: list[nn.L
     else:
         new = [QuantLinear.from_float(w, steps.activations, input_perm, m.bias, k, scheme.outliers.precision)
                for m, w in zip(linears, weights)]
-    for path, q in zip(paths, new):
+    for path, m, q in zip(paths, linears, new):
+        carry_input_transform(m, q)
         set_path(layer, path, q)
