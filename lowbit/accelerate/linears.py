@@ -21,7 +21,7 @@ class KernelLinear(nn.Module):
                  input_perm: torch.Tensor | None, weight_bytes: int, input_transform: nn.Module | None = None):
         super().__init__()
         self.prepared = prepared
-        self.input_transform = input_transform  # an online Hadamard (lowbit.nn.online_hadamard), before the permutation
+        self.input_transform = input_transform  # an online Hadamard (lowbit.nn.online_hadamard)
         self.in_features, self.out_features = in_features, out_features
         self.register_buffer("input_perm", input_perm)
         self.weight_bytes = weight_bytes
@@ -37,10 +37,13 @@ class KernelLinear(nn.Module):
                    getattr(ql, "input_transform", None))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.input_transform is not None:
-            x = self.input_transform(x)
+        t = self.input_transform
+        if t is not None and t.before_perm:
+            x = t(x)
         if self.input_perm is not None:
             x = x.index_select(-1, self.input_perm)
+        if t is not None and not t.before_perm:
+            x = t(x)
         return self.prepared.batched(x)
 
     def extra_repr(self) -> str:

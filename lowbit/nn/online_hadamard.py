@@ -21,6 +21,7 @@ from lowbit.errors import LowbitError
 from lowbit.formats.hadamard import factor, fast_transform
 
 KIND = "hadamard"
+BLOCK_KIND = "block-hadamard"
 
 
 class OnlineTransformError(LowbitError, ValueError):
@@ -29,6 +30,8 @@ class OnlineTransformError(LowbitError, ValueError):
 
 class InputHadamard(nn.Module):
     """``x → x H / √n`` on the last dimension by the fast transform (in float32 for narrower inputs)."""
+
+    before_perm = True  # runs on the input as it arrives, before the outlier permutation
 
     def __init__(self, n: int):
         super().__init__()
@@ -47,15 +50,71 @@ class InputHadamard(nn.Module):
 
     @classmethod
     def from_dict(cls, d: dict) -> "InputHadamard":
-        if not isinstance(d, dict) or d.get("kind") != KIND or set(d) != {"kind", "n"}:
-            raise OnlineTransformError(f"unknown online input transform {d!r}; known: {{'kind': '{KIND}', 'n': N}}")
-        n = d["n"]
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise OnlineTransformError(f"online Hadamard order must be a positive integer, got {n!r}")
-        return cls(n)
+        _check_dict(d, KIND, ("n",))
+        return cls(d["n"])
 
     def extra_repr(self) -> str:
         return f"n={self.n}"
+
+
+class BlockHadamard(nn.Module):
+    """After the outlier permutation: ``x[:, :normal]`` rotated by a Hadamard inside each block of
+    ``block`` channels, the trailing outlier channels untouched. The rotation stays inside INT4
+    groups and never mixes the INT8 outliers into them (a whole-input rotation does, and spreads
+    their energy over every group)."""
+
+    before_perm = False
+
+    def __init__(self, n: int, normal: int, block: int):
+        super().__init__()
+        if not 0 < block <= normal <= n or normal % block or block & (block - 1):
+            raise OnlineTransformError(f"block Hadamard needs a power-of-two block dividing the {normal} normal "
+                                       f"channels of {n}, got block {block}")
+        self.n, self.normal, self.block = n, normal, block
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.n:
+            raise OnlineTransformError(f"block Hadamard of width {self.n} got an input of width {x.shape[-1]}")
+        dt = x.dtype
+        x = x if dt in (torch.float32, torch.float64) else x.float()
+        lead = x.shape[:-1]
+        head = fast_transform(x[..., :self.normal].reshape(*lead, self.normal // self.block, self.block))
+        return torch.cat([head.reshape(*lead, self.normal), x[..., self.normal:]], -1).to(dt)
+
+    def to_dict(self) -> dict:
+        return {"kind": BLOCK_KIND, "n": self.n, "normal": self.normal, "block": self.block}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BlockHadamard":
+        _check_dict(d, BLOCK_KIND, ("n", "normal", "block"))
+        return cls(d["n"], d["normal"], d["block"])
+
+    def extra_repr(self) -> str:
+        return f"n={self.n}, normal={self.normal}, block={self.block}"
+
+    @staticmethod
+    def block_for(normal: int, largest: int) -> int:
+        """The largest power of two ≤ ``largest`` dividing ``normal`` (1: no useful block)."""
+        b = 1
+        while b * 2 <= largest and normal % (b * 2) == 0:
+            b *= 2
+        return b
+
+
+def _check_dict(d, kind: str, ints: tuple[str, ...]) -> None:
+    if not isinstance(d, dict) or d.get("kind") != kind or set(d) != {"kind", *ints}:
+        raise OnlineTransformError(f"unknown online input transform {d!r}; known kinds: {KIND} (n), "
+                                   f"{BLOCK_KIND} (n, normal, block)")
+    for k in ints:
+        v = d[k]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise OnlineTransformError(f"online transform field {k!r} must be a positive integer, got {v!r}")
+
+
+def transform_from_dict(d: dict) -> nn.Module:
+    """The online transform a packed linear's layout describes."""
+    kind = d.get("kind") if isinstance(d, dict) else None
+    return BlockHadamard.from_dict(d) if kind == BLOCK_KIND else InputHadamard.from_dict(d)
 
 
 def _rotate_input(module: nn.Module, args: tuple) -> tuple:

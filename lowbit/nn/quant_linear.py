@@ -19,7 +19,7 @@ from lowbit.formats.scheme import ActArgs
 from lowbit.formats.quantized_weight import QuantizedWeight
 
 from lowbit.nn.quantized_activation import quantize_activation
-from .online_hadamard import InputHadamard
+from .online_hadamard import transform_from_dict
 from .reference_matmul import reference_quant_matmul
 
 
@@ -57,7 +57,7 @@ class QuantLinear(nn.Module):
         self.in_features, self.out_features = layout.in_features, layout.out_features
         self.grid = Grid(layout.w_bits, layout.w_symmetric, layout.w_format, torch.float16) if layout.w_bits < 16 else None
         self.act_args = ActArgs(**layout.act) if layout.act is not None else None
-        self.input_transform = InputHadamard.from_dict(layout.input_transform) if layout.input_transform else None
+        self.input_transform = transform_from_dict(layout.input_transform) if layout.input_transform else None
         n, out, k = layout.n_normal, layout.out_features, layout.n_outliers
         if layout.w_bits == 16:  # float weights (activation-only schemes and ablations)
             self.register_buffer("fweight", torch.zeros(out, layout.in_features))
@@ -114,9 +114,9 @@ class QuantLinear(nn.Module):
             m.bias.copy_(bias.detach().float())
         return m.to(qw.codes.device)
 
-    def with_input_transform(self, t: InputHadamard) -> "QuantLinear":
-        """Rotate the input online (before the permutation and the activation quantizer); the
-        weights must already hold the matching rotation."""
+    def with_input_transform(self, t: nn.Module) -> "QuantLinear":
+        """Rotate the input online (before or after the permutation, ``t.before_perm``; always
+        before the activation quantizer); the weights must already hold the matching rotation."""
         if t.n != self.in_features:
             raise ValueError(f"an input transform of order {t.n} on a linear with {self.in_features} inputs")
         self.layout = replace(self.layout, input_transform=t.to_dict())
@@ -137,10 +137,13 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if self.input_transform is not None:
-            x2 = self.input_transform(x2.float())
+        t = self.input_transform
+        if t is not None and t.before_perm:
+            x2 = t(x2.float())
         if self.input_perm is not None:
             x2 = x2.index_select(1, self.input_perm)
+        if t is not None and not t.before_perm:
+            x2 = t(x2.float())
         a = x2
         if self.act_args is not None:
             a = quantize_activation(x2, self.act_args, self.layout.n_outliers, self.layout.outlier_precision)
@@ -152,7 +155,7 @@ class QuantLinear(nn.Module):
         a = f"A{self.act_args.bits}" if self.act_args else "A16"
         return (f"{l.in_features}->{l.out_features}, W{l.w_bits}{'' if l.w_format == 'int' else '-' + l.w_format} "
                 f"g{l.w_group} {a}, outliers={l.n_outliers} ({l.outlier_precision}), perm={l.has_input_perm}"
-                + (", online hadamard" if l.input_transform else ""))
+                + (f", online {l.input_transform['kind']}" if l.input_transform else ""))
 
 
 

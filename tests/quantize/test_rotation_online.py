@@ -127,7 +127,7 @@ def test_scheme_field_defaults_and_refusals():
     assert not RotationArgs(kind="none", r4=True).online
     with pytest.raises(SchemeError, match="rotation.r4 must be true or false"):
         RotationArgs(kind="hadamard", r4="yes")
-    with pytest.raises(SchemeError, match="needs quantized"):
+    with pytest.raises(SchemeError, match="need quantized"):
         Scheme(rotation=RotationArgs(kind="hadamard", r4=True))
     with pytest.raises(SchemeError, match="tensor parallelism"):
         get_scheme("w4a4").with_(rotation=RotationArgs(kind="hadamard", r4=True), tensor_parallel=TPArgs(world=2))
