@@ -196,7 +196,8 @@ class RotationArgs:
     """Rotate the float model before calibration (:mod:`lowbit.quantize.rotation`): ``hadamard``
     (orthonormal Hadamard) or ``random-hadamard`` (seeded random ±1 diagonal times it) on the
     residual stream (R1), per head on v/o (``r2``) and online at the down_proj input (``r4``).
-    Exact in real arithmetic; R1 and R2 change only plain weights, R4 adds an online transform."""
+    Exact in real arithmetic; R1 and R2 change only plain weights, R4 adds an online transform.
+    ``block`` (independent of ``kind``) rotates inside INT4 blocks after the outlier permutation."""
 
     kind: str = "none"
     seed: int = 0
