@@ -96,6 +96,8 @@ class FusedPart(nn.Module):
 def fuse(linears: list[nn.Module], kernel: str | None = None) -> list[FusedPart]:
     """``FusedPart`` replacements for QuantLinears that read one input (KernelError if they cannot
     share a kernel: different recipes or input permutations)."""
+    if any(getattr(ql, "input_transform", None) is not None for ql in linears):
+        raise KernelError("linears with an online input transform are not fused")
     perms = [ql.input_perm for ql in linears]
     if any((p is None) != (perms[0] is None) or (p is not None and not torch.equal(p, perms[0])) for p in perms):
         raise KernelError("cannot fuse linears with different input permutations")

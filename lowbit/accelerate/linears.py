@@ -18,9 +18,10 @@ from lowbit.kernels.linear_params import KernelError, from_quant_linear
 
 class KernelLinear(nn.Module):
     def __init__(self, prepared: PreparedLinear, in_features: int, out_features: int,
-                 input_perm: torch.Tensor | None, weight_bytes: int):
+                 input_perm: torch.Tensor | None, weight_bytes: int, input_transform: nn.Module | None = None):
         super().__init__()
         self.prepared = prepared
+        self.input_transform = input_transform  # an online Hadamard (lowbit.nn.online_hadamard)
         self.in_features, self.out_features = in_features, out_features
         self.register_buffer("input_perm", input_perm)
         self.weight_bytes = weight_bytes
@@ -32,11 +33,17 @@ class KernelLinear(nn.Module):
         p = from_quant_linear(ql)
         dev = ql.qweight.device
         return cls(prepare(p, dev, kernel), ql.in_features, ql.out_features,
-                   None if ql.input_perm is None else ql.input_perm.clone(), module_bytes(ql))
+                   None if ql.input_perm is None else ql.input_perm.clone(), module_bytes(ql),
+                   getattr(ql, "input_transform", None))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = self.input_transform
+        if t is not None and t.before_perm:
+            x = t(x)
         if self.input_perm is not None:
             x = x.index_select(-1, self.input_perm)
+        if t is not None and not t.before_perm:
+            x = t(x)
         return self.prepared.batched(x)
 
     def extra_repr(self) -> str:

@@ -40,6 +40,9 @@ def weight_problems(name: str, layout) -> list[str]:
     if layout.has_input_perm:
         out.append(f"{name}: its input channels are permuted inside the layer (an outlier reorder); "
                    "re-quantize with --set outliers.count=0")
+    if getattr(layout, "input_transform", None):
+        out.append(f"{name}: an online {layout.input_transform['kind']} transform of its input "
+                   "(rotation.r4); compressed-tensors has no online rotation: re-quantize with --set rotation.r4=false")
     if layout.w_bits == 16:
         out.append(f"{name}: float weights with quantized activations; compressed-tensors' int-quantized "
                    "format needs INT weights (use weights.bits=8)")

@@ -195,20 +195,38 @@ class TPArgs:
 class RotationArgs:
     """Rotate the float model before calibration (:mod:`lowbit.quantize.rotation`): ``hadamard``
     (orthonormal Hadamard) or ``random-hadamard`` (seeded random ±1 diagonal times it) on the
-    residual stream and per head on v/o. Exact in real arithmetic; only plain weights change."""
+    residual stream (R1), per head on v/o (``r2``) and online at the down_proj input (``r4``).
+    Exact in real arithmetic; R1 and R2 change only plain weights, R4 adds an online transform.
+    ``block`` (independent of ``kind``) rotates inside INT4 blocks after the outlier permutation."""
 
     kind: str = "none"
     seed: int = 0
+    r2: bool = True  # per-head rotation of v_proj's outputs and o_proj's inputs (offline)
+    r4: bool = False  # online Hadamard at every down_proj input (its weight holds W·H)
+    # online Hadamard inside blocks of each linear's normal channels, after the outlier
+    # permutation (lowbit.quantize.block_rotation): the largest power of two <= block dividing them; 0 off
+    block: int = 0
 
     def __post_init__(self):
         if self.kind not in ROTATION_KINDS:
             raise SchemeError(f"rotation.kind must be one of {ROTATION_KINDS}, got {self.kind!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise SchemeError(f"rotation.seed must be an integer >= 0, got {self.seed!r}")
+        b = self.block
+        if isinstance(b, bool) or not isinstance(b, int) or b < 0 or (b and b & (b - 1)) or b == 1:
+            raise SchemeError(f"rotation.block must be 0 (off) or a power of two >= 2, got {b!r}")
+        for name in ("r2", "r4"):
+            if not isinstance(getattr(self, name), bool):
+                raise SchemeError(f"rotation.{name} must be true or false, got {getattr(self, name)!r}")
 
     @property
     def enabled(self) -> bool:
         return self.kind != "none"
+
+    @property
+    def online(self) -> bool:
+        """An online transform is installed (R4 or the block Hadamard)."""
+        return (self.enabled and self.r4) or self.block > 0
 
 
 _PARTS = {
@@ -246,6 +264,15 @@ class Scheme:
             raise SchemeError("gptq needs quantized weights (weights.bits < 16)")
         if self.gptq.act_order and self.outliers.count:
             raise SchemeError("gptq.act_order and outlier reordering both fix the column order; pick one")
+        rot = self.rotation
+        if rot.online and not (self.weights.enabled or self.activations.enabled):
+            raise SchemeError("rotation.r4 and rotation.block are online transforms inside quantized linears: they "
+                              "need quantized weights or activations")
+        if rot.online and self.tensor_parallel.world > 1:
+            raise SchemeError("rotation.r4 and rotation.block rotate inputs that tensor parallelism splits across "
+                              "ranks; use rotation.r4=false and rotation.block=0 with --tp")
+        if rot.r4 and rot.enabled and rot.block:
+            raise SchemeError("rotation.r4 and rotation.block each put an online transform in down_proj; pick one")
 
     def with_(self, **parts: Any) -> "Scheme":
         """A copy with some parts replaced, e.g. ``s.with_(kv_cache=KVArgs(bits=4))``."""

@@ -8,7 +8,7 @@ JSON-able dict, so a saved checkpoint can rebuild empty modules before loading t
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from torch import nn
@@ -19,6 +19,7 @@ from lowbit.formats.scheme import ActArgs
 from lowbit.formats.quantized_weight import QuantizedWeight
 
 from lowbit.nn.quantized_activation import quantize_activation
+from .online_hadamard import transform_from_dict
 from .reference_matmul import reference_quant_matmul
 
 
@@ -35,6 +36,7 @@ class QuantLinearLayout:
     has_input_perm: bool
     has_bias: bool
     act: dict | None  # ActArgs as a dict, None = activations stay float
+    input_transform: dict | None = None  # an online transform of the input (lowbit.nn.online_hadamard), None = none
 
     @property
     def n_normal(self) -> int:
@@ -55,6 +57,7 @@ class QuantLinear(nn.Module):
         self.in_features, self.out_features = layout.in_features, layout.out_features
         self.grid = Grid(layout.w_bits, layout.w_symmetric, layout.w_format, torch.float16) if layout.w_bits < 16 else None
         self.act_args = ActArgs(**layout.act) if layout.act is not None else None
+        self.input_transform = transform_from_dict(layout.input_transform) if layout.input_transform else None
         n, out, k = layout.n_normal, layout.out_features, layout.n_outliers
         if layout.w_bits == 16:  # float weights (activation-only schemes and ablations)
             self.register_buffer("fweight", torch.zeros(out, layout.in_features))
@@ -111,6 +114,15 @@ class QuantLinear(nn.Module):
             m.bias.copy_(bias.detach().float())
         return m.to(qw.codes.device)
 
+    def with_input_transform(self, t: nn.Module) -> "QuantLinear":
+        """Rotate the input online (before or after the permutation, ``t.before_perm``; always
+        before the activation quantizer); the weights must already hold the matching rotation."""
+        if t.n != self.in_features:
+            raise ValueError(f"an input transform of order {t.n} on a linear with {self.in_features} inputs")
+        self.layout = replace(self.layout, input_transform=t.to_dict())
+        self.input_transform = t
+        return self
+
     def quantized_weight(self) -> QuantizedWeight:
         """The packed buffers as the one weight type every kernel and exporter reads."""
         return QuantizedWeight.from_packed(self.qweight, self.layout.n_normal, self.wscale, self.wzero,
@@ -125,8 +137,13 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
+        t = self.input_transform
+        if t is not None and t.before_perm:
+            x2 = t(x2.float())
         if self.input_perm is not None:
             x2 = x2.index_select(1, self.input_perm)
+        if t is not None and not t.before_perm:
+            x2 = t(x2.float())
         a = x2
         if self.act_args is not None:
             a = quantize_activation(x2, self.act_args, self.layout.n_outliers, self.layout.outlier_precision)
@@ -137,7 +154,8 @@ class QuantLinear(nn.Module):
         l = self.layout
         a = f"A{self.act_args.bits}" if self.act_args else "A16"
         return (f"{l.in_features}->{l.out_features}, W{l.w_bits}{'' if l.w_format == 'int' else '-' + l.w_format} "
-                f"g{l.w_group} {a}, outliers={l.n_outliers} ({l.outlier_precision}), perm={l.has_input_perm}")
+                f"g{l.w_group} {a}, outliers={l.n_outliers} ({l.outlier_precision}), perm={l.has_input_perm}"
+                + (f", online {l.input_transform['kind']}" if l.input_transform else ""))
 
 
 

@@ -12,6 +12,12 @@ model (4 x 512 calibration tokens, 5 test windows) that took GPTQ from 1.359x fl
 ``w4a16`` also keeps the LM head in INT8 per row (:mod:`.head`): +0.26 % perplexity, half the
 bytes of the largest matrix a decode step reads.
 
+``w4a4-rot`` is ``w4a4`` plus a Hadamard inside each INT4 block of every linear's normal channels,
+after the outlier permutation (``rotation.block=128``; :mod:`.block_rotation`). On the default
+model (4 x 256 calibration tokens, 3 test windows) it took w4a4 from 1.329x float perplexity
+(KL 0.321) to 1.221x (KL 0.210); a whole-model rotation (R1/R2/R4, QuaRot) made it worse
+(1.525-1.561x): README, "Rotation".
+
 ``w4a4-kv4`` runs GPTQ true-sequentially (q/k/v, then o_proj on the outputs of the quantized
 attention and INT4 KV cache, then gate/up, then down_proj): with 16 x 512 calibration tokens that
 took it from 1.519x to 1.487x.
@@ -19,7 +25,8 @@ took it from 1.519x to 1.487x.
 
 from __future__ import annotations
 
-from lowbit.formats.scheme import ActArgs, GPTQArgs, KVArgs, OutlierArgs, Scheme, SchemeError, SmoothArgs, WeightArgs
+from lowbit.formats.scheme import (ActArgs, GPTQArgs, KVArgs, OutlierArgs, RotationArgs, Scheme, SchemeError, SmoothArgs,
+                                   WeightArgs)
 
 OUTLIERS = 64
 
@@ -50,6 +57,7 @@ PRESETS: dict[str, Scheme] = {
         activations=ActArgs(bits=4, group_size=128, symmetric=True),
     ),
     "w4a4": _W4A4,
+    "w4a4-rot": _W4A4.with_(name="w4a4-rot", rotation=RotationArgs(block=128)),
     # true-sequential GPTQ: o_proj is calibrated on inputs that went through the INT4 KV cache
     "w4a4-kv4": _W4A4.with_(name="w4a4-kv4", kv_cache=KVArgs(bits=4, symmetric=False),
                             gptq=GPTQArgs(enabled=True, damp=0.01, block_size=128, true_sequential=True)),

@@ -8,8 +8,10 @@ from torch import nn
 
 from lowbit.formats.scheme import Scheme
 from lowbit.models.module_paths import set_path
+from lowbit.nn.online_hadamard import carry_input_transform
 from lowbit.nn.quant_linear import QuantLinear
 
+from .block_rotation import block_rotate
 from .recipe_steps import RecipeSteps
 from .weights import quantize_weights
 
@@ -22,6 +24,7 @@ def replace_group_linears(layer: nn.Module, paths: list[str], linears: list[nn.L
     the linears read one input (one activation quantization)."""
     if not steps.replace_linears:
         return
+    weights, xtx, block = block_rotate(weights, xtx, k, scheme.rotation)
     if steps.quantize_weights:
         quantized = quantize_weights(weights, xtx, scheme, k, shared_input=shared_input)
         new = [QuantLinear.from_quantized(qw, scheme.activations, input_perm, m.bias, scheme.outliers.precision)
@@ -29,5 +32,8 @@ def replace_group_linears(layer: nn.Module, paths: list[str], linears: list[nn.L
     else:
         new = [QuantLinear.from_float(w, steps.activations, input_perm, m.bias, k, scheme.outliers.precision)
                for m, w in zip(linears, weights)]
-    for path, q in zip(paths, new):
+    for path, m, q in zip(paths, linears, new):
+        carry_input_transform(m, q)
+        if block is not None:
+            q.with_input_transform(block)
         set_path(layer, path, q)

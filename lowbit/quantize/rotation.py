@@ -11,9 +11,14 @@ the rotated weights as usual. Done here, in float64, then cast back to each weig
   router, the LM head) ``W Q1``, writers (o_proj, down_proj) ``Q1ᵀ W`` and their bias ``b Q1``;
   a tied LM head is untied (it gets the norm's scale, the embedding does not) and the config
   says ``tie_word_embeddings: false`` so a saved checkpoint reloads it as its own weight;
-* R2, per head: v_proj's rows of each KV head ``Q2ᵀ W``, o_proj's columns of each head ``W Q2``.
+* R2 (``r2``), per head: v_proj's rows of each KV head ``Q2ᵀ W``, o_proj's columns of each head
+  ``W Q2``;
+* R4 (``r4``), online: every down_proj (each expert's too) becomes a
+  :class:`~lowbit.nn.online_hadamard.HadamardInputLinear` computing ``(x H/√n)(W Q4)ᵀ`` with
+  ``Q4 = diag(s) H/√n``; the random signs ``s`` of ``random-hadamard`` are folded into the
+  up_proj rows (``act(g) ⊙ (u ⊙ s) = x ⊙ s``), so the online part is always the plain Hadamard.
 
-No online transform is installed, so a rotated model is plain weights of the original shape.
+Without R4 a rotated model is plain weights of the original shape.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from lowbit.errors import LowbitError
 from lowbit.formats.hadamard import factor, fast_transform, random_signs
 from lowbit.formats.scheme import RotationArgs
 from lowbit.models.adapters import get_adapter
-from lowbit.models.module_paths import get_path
+from lowbit.models.module_paths import get_path, set_path
+from lowbit.nn.online_hadamard import HadamardInputLinear
 from lowbit.nn.quant_linear import QuantLinear
 
 
@@ -112,6 +118,47 @@ def _rotate_heads(attn: nn.Module, rot: Rotation) -> None:
     _set(o.weight, (wo @ q2).reshape(o.weight.shape))
 
 
+def _mlp_pairs(layer: nn.Module, adapter) -> list[tuple[nn.Linear, slice, str]]:
+    """Each MLP's (linear holding the up rows, which rows, down_proj path) in one decoder layer."""
+    arch = adapter.arch
+    if arch.experts is None:
+        up = get_path(layer, arch.mlp_in[-1])
+        return [(up, slice(0, up.out_features), arch.mlp_out)]
+    experts = get_path(layer, arch.experts.experts)
+    pairs = []
+    for i, ex in enumerate(experts):
+        gate_up = getattr(ex, arch.experts.gate_up)
+        pairs.append((gate_up, slice(gate_up.out_features // 2, gate_up.out_features),
+                      f"{arch.experts.experts}.{i}.{arch.experts.down}"))
+    return pairs
+
+
+def _down_rotations(layers, adapter, args: RotationArgs) -> dict[int, Rotation]:
+    """R4's rotation for each down_proj width (checked before any weight changes)."""
+    out: dict[int, Rotation] = {}
+    for layer in layers:
+        for _, _, path in _mlp_pairs(layer, adapter):
+            down = get_path(layer, path)
+            if type(down) is not nn.Linear:
+                raise RotationError(f"R4 needs a float nn.Linear at {path}, got {type(down).__name__}")
+            if down.in_features not in out:
+                out[down.in_features] = Rotation(down.in_features, args, salt=2)
+    return out
+
+
+def _rotate_down_online(layer: nn.Module, adapter, q4s: dict[int, Rotation]) -> None:
+    """R4: ``W_down ← W_down Q4``, the up rows times the signs, down_proj rotating its input online."""
+    for up, rows, path in _mlp_pairs(layer, adapter):
+        down = get_path(layer, path)
+        q4 = q4s[down.in_features]
+        if q4.signs is not None:
+            _set(up.weight[rows], up.weight[rows].detach().double() * q4.signs[:, None])
+            if up.bias is not None:
+                _set(up.bias[rows], up.bias[rows].detach().double() * q4.signs)
+        _set(down.weight, q4.right(down.weight.detach().double()))
+        set_path(layer, path, HadamardInputLinear(down))
+
+
 def head_dim(model: nn.Module) -> int:
     cfg = model.config
     d = getattr(cfg, "head_dim", None)
@@ -128,8 +175,9 @@ def rotate_model(model: nn.Module, args: RotationArgs) -> None:
     _check(model)
     hidden = model.config.hidden_size
     q1 = Rotation(hidden, args)
-    q2 = Rotation(head_dim(model), args, salt=1)
+    q2 = Rotation(head_dim(model), args, salt=1) if args.r2 else None
     adapter.prepare(model)
+    q4s = _down_rotations(adapter.layers(model), adapter, args) if args.r4 else {}
     head = _untie_head(model)
     emb = model.get_input_embeddings()
     if emb.weight.shape[-1] != hidden or head.in_features != hidden:
@@ -144,5 +192,8 @@ def rotate_model(model: nn.Module, args: RotationArgs) -> None:
             else:
                 for p in g.linears:
                     _rotate_writer(get_path(layer, p), q1)
-        _rotate_heads(layer.self_attn, q2)
+        if args.r2:
+            _rotate_heads(layer.self_attn, q2)
+        if args.r4:
+            _rotate_down_online(layer, adapter, q4s)
     _fold_norm(model.model.norm, [head.weight], adapter.norm_offset, q1)
