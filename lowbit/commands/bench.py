@@ -161,7 +161,7 @@ def _serve(kinds) -> None:
     p.add_argument("--calib", default="4x128", help="calibration SAMPLESxSEQLEN (RTN: only speed is measured)")
     p.add_argument("--kernel", default=None, choices=["auto", "reference", "cpu", "triton"], help="lowbit's kernels")
     p.add_argument("--threads", type=nonneg_int, default=0, help="threads of both engines (0 = leave as is)")
-    p.add_argument("--kv-cache-gib", type=positive_int, default=2, help="vLLM's CPU KV cache space, GiB")
+    p.add_argument("--kv-cache-gib", type=positive_int, default=1, help="vLLM's CPU KV cache space, GiB")
     p.add_argument("--stock-ops", action="store_true", help="lowbit's side: PyTorch's norms, rotary and attention")
     p.add_argument("--vllm-only", action="store_true", help="skip lowbit's loop")
     p.add_argument("--eager", action="store_true",
