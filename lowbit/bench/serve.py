@@ -39,6 +39,25 @@ def _formats(spec: str) -> list:
 
 
 def run(args) -> int:
+    """The benchmark, with SIGTERM turned into an exit that runs the servers' ``finally`` (a
+    ``timeout`` or ``kill`` of this process then stops their process trees too)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return _run(args)
+
+    def terminate(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        return _run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args) -> int:
     import torch
     from rich.console import Console
 

@@ -95,7 +95,10 @@ def lowbit_points(folder: Path, requests: list[dict], counts: dict[int, int], ar
     job = ServerProcess([sys.executable, "-m", "lowbit.bench.serve_lowbit_worker", str(req_path), str(res_path)],
                         log, env, name=f"lowbit's loop ({folder.name})")
     job.start()
-    code = job.wait(args.timeout)
+    try:
+        code = job.wait(args.timeout)
+    finally:
+        job.stop()  # also when this process is told to stop
     if code != 0 or not res_path.exists():
         raise job.failed(f"exited with code {code}")
     res = json.loads(res_path.read_text())
