@@ -67,6 +67,41 @@ def test_a_server_that_ignores_sigterm_is_killed_with_its_child(tmp_path):
     assert _gone(mem.pids)
 
 
+def test_sigterm_to_the_benchmark_stops_its_servers(tmp_path):
+    """``bench serve`` killed by ``timeout``/``kill`` (SIGTERM) still stops the server tree it started."""
+    import os
+    import signal
+    import subprocess
+
+    script = tmp_path / "bench.py"
+    script.write_text(f"""
+import sys, time
+from lowbit.bench import serve
+from lowbit.bench.serve_server import ServerProcess, free_port
+
+def fake_run(args):
+    port = free_port()
+    with ServerProcess([sys.executable, {str(FAKE)!r}, str(port), "ok"], {str(tmp_path / "s.log")!r}) as s:
+        s.wait_healthy(f"http://127.0.0.1:{{port}}/health", 60)  # its child is started by then
+        print(s.proc.pid, flush=True)
+        time.sleep(600)
+
+serve._run = fake_run
+serve.run(None)
+""")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    bench = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        server = int(bench.stdout.readline())
+        tree = [server] + [c.pid for c in psutil.Process(server).children(recursive=True)]
+        assert len(tree) == 2
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        bench.kill()
+    assert _gone(tree)
+
+
 def test_a_crashing_server_reports_its_log(tmp_path):
     server, port = _fake(tmp_path, "crash")
     server.start()
