@@ -12,7 +12,6 @@ makes beyond it are padding work, counted in the wall time, not in the output).
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
@@ -84,6 +83,8 @@ def run_batch(model, pad: int, batch: list[dict]) -> tuple[list[dict], float]:
 def main(argv: list[str]) -> int:
     import torch
 
+    from lowbit.io.atomic import write_json
+
     from .decode import PeakRSS
 
     request_path, result_path = argv
@@ -109,10 +110,7 @@ def main(argv: list[str]) -> int:
                 wall += secs
         result["points"].append({"concurrency": c, "records": records, "wall_s": wall,
                                  "unsent": len(todo) - len(records), "peak_rss_bytes": mem.peak})
-    tmp = result_path + ".tmp"
-    with open(tmp, "w") as f:  # atomic: the caller reads a whole file or none
-        json.dump(result, f)
-    os.replace(tmp, result_path)
+    write_json(result_path, result)  # atomic: the caller reads a whole file or none
     return 0
 
 
