@@ -92,35 +92,44 @@ def _run(args) -> int:
     logs = args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     rows, meta_engines = [], {}
+    meta = args_meta(args)
+    meta |= {"torch": torch.__version__, "vllm_python": python, "engines": meta_engines,
+             "requests": describe(reqs), "request_counts": counts, "machine": machine.report(),
+             "formats": {f.name: {"about": f.about, "vllm_args": list(f.vllm_args), "vllm_env": f.vllm_env}
+                         for f in formats}}
+    order = [f.name for f in formats]
+
+    def add(engine: str, fmt, pts: list[dict]) -> None:
+        rows.extend({"engine": engine, "format": fmt.name, **p} for p in pts)
+        _progress(console, rows[-len(pts):])
+        _finish_rows(rows, order)
+        write_json(args.out / "serve.json", {"meta": meta | {"complete": False}, "rows": rows})  # so far
+
     with tempfile.TemporaryDirectory(prefix="lowbit-serve-") as tmp:
         for fmt in formats:
             ckpt = fmt.make(source, Path(tmp) / fmt.name)
             console.print(f"{fmt.name}: vllm serve ({python})", highlight=False)
             pts, meta_engines[f"vllm/{fmt.name}"] = vllm_points(python, fmt, ckpt.vllm, requests, counts, args,
                                                                 logs / f"vllm-{fmt.name}.log")
-            rows += [{"engine": "vllm", "format": fmt.name, **p} for p in pts]
-            _progress(console, rows[-len(pts):])
+            add("vllm", fmt, pts)
             if "lowbit" in engines and ckpt.lowbit is not None:
                 console.print(f"{fmt.name}: lowbit's generate loop", highlight=False)
                 pts, meta_engines[f"lowbit/{fmt.name}"] = lowbit_points(ckpt.lowbit, requests, counts, args,
                                                                         logs / f"lowbit-{fmt.name}.log", Path(tmp))
-                rows += [{"engine": "lowbit", "format": fmt.name, **p} for p in pts]
-                _progress(console, rows[-len(pts):])
-    ref = {r["concurrency"]: r["output_tok_s"] for r in rows if (r["engine"], r["format"]) == ("vllm", "bf16")}
-    for r in rows:
-        r["vs_vllm_bf16"] = r["output_tok_s"] / ref[r["concurrency"]] if r["concurrency"] in ref else None
-    order = [f.name for f in formats]
-    rows.sort(key=lambda r: (r["concurrency"], ENGINES.index(r["engine"]), order.index(r["format"])))
+                add("lowbit", fmt, pts)
     console.print(_table(rows, args))
-    meta = args_meta(args)
-    meta |= {"torch": torch.__version__, "vllm_python": python, "engines": meta_engines,
-             "requests": describe(reqs), "request_counts": counts, "machine": machine.report(),
-             "formats": {f.name: {"about": f.about, "vllm_args": list(f.vllm_args), "vllm_env": f.vllm_env}
-                         for f in formats}}
-    write_json(args.out / "serve.json", {"meta": meta, "rows": rows})
+    write_json(args.out / "serve.json", {"meta": meta | {"complete": True}, "rows": rows})
     _plot(rows, args.out / "serve.png")
     console.print(f"wrote {args.out}/serve.json, serve.png (server logs in {logs})")
     return 0
+
+
+def _finish_rows(rows: list[dict], order: list[str]) -> None:
+    """Each row's ratio to vLLM BF16 at its concurrency (where measured); rows in table order."""
+    ref = {r["concurrency"]: r["output_tok_s"] for r in rows if (r["engine"], r["format"]) == ("vllm", "bf16")}
+    for r in rows:
+        r["vs_vllm_bf16"] = r["output_tok_s"] / ref[r["concurrency"]] if r["concurrency"] in ref else None
+    rows.sort(key=lambda r: (r["concurrency"], ENGINES.index(r["engine"]), order.index(r["format"])))
 
 
 def _progress(console, rows: list[dict]) -> None:

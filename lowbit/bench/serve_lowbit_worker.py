@@ -108,6 +108,7 @@ def main(argv: list[str]) -> int:
                 recs, secs = run_batch(model, pad, todo[i: i + c])
                 records += recs
                 wall += secs
+                print(f"concurrency {c}: {len(records)}/{len(todo)} requests, {wall:.1f} s", flush=True)
         result["points"].append({"concurrency": c, "records": records, "wall_s": wall,
                                  "unsent": len(todo) - len(records), "peak_rss_bytes": mem.peak})
     write_json(result_path, result)  # atomic: the caller reads a whole file or none
