@@ -1,11 +1,13 @@
-"""``lowbit bench serve``: vLLM's offline generation tokens/s of the real model (BF16, and
-lowbit's W8A8 and W4A16 exports) per batch size, next to lowbit's own decode loop (the one
-``lowbit bench decode`` times) on the same checkpoints, in one run on one machine.
+"""``lowbit bench serve``: the default model served by vLLM's OpenAI-compatible server (``vllm
+serve``) in each format (BF16, and lowbit's W8A8 and W4A16 exports; more by
+:func:`.serve_formats.register_format`), under a streaming client at each concurrency level, next
+to lowbit's own ``generate`` loop on the same checkpoints and requests (static batches of the same
+size). Reported per format, engine and concurrency: output tokens/s, TTFT and inter-token latency
+(p50/p99) and the peak resident memory of the serving process tree; as a table, ``serve.json``
+and ``serve.png`` (output tokens/s against concurrency, Atom's Figure 10).
 
-vLLM runs in a subprocess (:mod:`.vllm_engine`), one engine per format, in the vLLM
-environment when lowbit's own lacks vLLM. Both engines generate ``--new`` tokens after the same
-``--prompt``-token prompts with no early stop; tok/s = batch x new / wall time of the whole call
-(prefill included), median of ``--repeats``.
+Requests are real text (:mod:`.serve_requests`); every level sends a prefix of one seeded list.
+vLLM runs from its own environment (:mod:`.vllm_engine` finds it), on 127.0.0.1 and a free port.
 """
 
 from __future__ import annotations
@@ -15,79 +17,49 @@ from pathlib import Path
 
 from lowbit.bench.report import args_meta
 
-FORMATS = ("bf16", "w8a8", "w4a16")
+from .serve_formats import FORMATS
+
+ENGINES = ("vllm", "lowbit")
 
 
-def _lowbit_model(base, quantized, fmt: str, kernel, native: bool):
-    """lowbit's decode-ready model: the kernels swapped in as ``bench decode`` does."""
-    import copy
-
-    import torch
-
-    from lowbit.accelerate import accelerate
-    from lowbit.accelerate.native_ops import use_native_ops
-
-    if quantized is None:  # bf16
-        model = copy.deepcopy(base)
-        if native:
-            dict(use_native_ops(model))
-        return model.to(torch.bfloat16).eval()
-    model = quantized
-    counts = dict(accelerate(model, kernel))
-    if native:
-        dict(use_native_ops(model))
-    if model.lowbit_scheme.activations.bits >= 16 and not counts.get("kept_reference"):
-        model.to(dtype=torch.bfloat16)  # weight-only: the rest in bf16, as in the BF16 baseline
-    return model.eval()
+def request_counts(concurrency: list[int], requests: int) -> dict[int, int]:
+    """Requests per level: ``requests`` if given, else twice the concurrency (at least 8), never
+    fewer than the concurrency (every slot gets one)."""
+    return {c: max(c, requests) if requests else max(8, 2 * c) for c in concurrency}
 
 
-def _time_lowbit(model, prompts, batches, new, repeats, pad) -> list[dict]:
-    import statistics
-    import time
+def _formats(spec: str) -> list:
+    from lowbit.errors import UsageError
 
-    import torch
-    from transformers import DynamicCache
-
-    rows = []
-    for b in batches:
-        ids = prompts[:b]
-
-        def gen(n, ids=ids):
-            with torch.inference_mode():
-                model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                               min_new_tokens=n, do_sample=False, cache=DynamicCache(config=model.config),
-                               pad_token_id=pad)
-
-        gen(2)  # warm-up
-        secs = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            gen(new)
-            secs.append(time.perf_counter() - t0)
-        rows.append({"batch": b, "seconds": secs, "tokens": b * new, "median_s": statistics.median(secs)})
-    return rows
-
-
-def _time_vllm(folder: Path, prompts, args) -> tuple[list[dict], dict]:
-    import statistics
-
-    from .vllm_engine import run_worker
-
-    req = {"model": str(folder), "dtype": "bfloat16", "max_model_len": args.prompt + args.new + 8,
-           "max_num_seqs": max(args.batches), "compile": not args.eager, "threads": args.threads or None,
-           "jobs": [{"kind": "throughput", "prompts": prompts.tolist(), "batches": list(args.batches),
-                     "new": args.new, "repeats": args.repeats}]}
-    res = run_worker(req, timeout=args.timeout)
-    rows = res["jobs"][0]["rows"]
-    for r in rows:
-        r["median_s"] = statistics.median(r["seconds"])
-    return rows, {"vllm": res["vllm"], "load_s": res["load_s"]}
+    names = list(dict.fromkeys(f.strip() for f in spec.split(",") if f.strip()))
+    bad = [f for f in names if f not in FORMATS]
+    if bad or not names:
+        raise UsageError(f"--formats {spec}: choose from {', '.join(FORMATS)}")
+    return [FORMATS[n] for n in names]
 
 
 def run(args) -> int:
+    """The benchmark, with SIGTERM turned into an exit that runs the servers' ``finally`` (a
+    ``timeout`` or ``kill`` of this process then stops their process trees too)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return _run(args)
+
+    def terminate(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        return _run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args) -> int:
     import torch
     from rich.console import Console
-    from rich.table import Table
 
     from lowbit.checkpoint import load_model
     from lowbit.data import calibration_ids
@@ -96,66 +68,97 @@ def run(args) -> int:
 
     from . import machine
     from .report import write_json
+    from .serve_engines import lowbit_points, vllm_points
+    from .serve_formats import Source
+    from .serve_requests import build_requests, describe
     from .vllm_engine import find_python
-    from .vllm_exports import export_for_vllm, quantize_for_vllm
 
-    formats = list(dict.fromkeys(["bf16"] + [f.strip() for f in args.formats.split(",") if f.strip()]))
-    bad = [f for f in formats if f not in FORMATS]
-    if bad:
-        raise UsageError(f"--formats {','.join(bad)}: vLLM serves {', '.join(FORMATS)} of lowbit's formats")
-    if args.new < 2:
-        raise UsageError("--new must be >= 2")
+    formats = _formats(args.formats)
+    levels = args.concurrency.split(",") if isinstance(args.concurrency, str) else args.concurrency
+    args.concurrency = list(dict.fromkeys(int(c) for c in levels))
+    if args.new_min > args.new_max:
+        raise UsageError(f"--new-min {args.new_min} is above --new-max {args.new_max}")
+    engines = [e for e in ENGINES if not (e == "lowbit" and args.vllm_only)]
     check_output_dir(args.out, "--out")
     python = find_python()  # before any work: no vLLM is one line naming what to install
-    console = Console(width=max(120, Console().width))
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    console = Console(width=max(150, Console().width))
     base, tok = load_model(args.model, dtype=torch.float32, device="cpu")
     base.eval()
-    prompts = calibration_ids(tok, max(args.batches), args.prompt, seed=1)
+    counts = request_counts(args.concurrency, args.requests)
+    reqs = build_requests(tok, max(counts.values()), args.prompt_max, args.new_min, args.new_max, args.seed)
+    requests = [r.as_json() for r in reqs]
     n, seqlen = (int(v) for v in args.calib.lower().split("x"))
-    calib = calibration_ids(tok, n, seqlen)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    rows, vllm_meta = [], {}
+    source = Source(base, tok, calibration_ids(tok, n, seqlen))
+    logs = args.out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    rows, meta_engines = [], {}
+    meta = args_meta(args)
+    meta |= {"torch": torch.__version__, "vllm_python": python, "engines": meta_engines,
+             "requests": describe(reqs), "request_counts": counts, "machine": machine.report(),
+             "formats": {f.name: {"about": f.about, "vllm_args": list(f.vllm_args), "vllm_env": f.vllm_env}
+                         for f in formats}}
+    order = [f.name for f in formats]
+
+    def add(engine: str, fmt, pts: list[dict]) -> None:
+        rows.extend({"engine": engine, "format": fmt.name, **p} for p in pts)
+        _progress(console, rows[-len(pts):])
+        _finish_rows(rows, order)
+        write_json(args.out / "serve.json", {"meta": meta | {"complete": False}, "rows": rows})  # so far
+
     with tempfile.TemporaryDirectory(prefix="lowbit-serve-") as tmp:
         for fmt in formats:
-            quantized, folder = None, Path(tmp) / fmt
-            if fmt == "bf16":
-                base.save_pretrained(folder)  # fp32; vLLM casts it to bf16 as it loads
-                tok.save_pretrained(folder)
-            else:
-                quantized = quantize_for_vllm(base, fmt, calib)
-                export_for_vllm(quantized, tok, folder)
-            console.print(f"{fmt}: vLLM ({python})", highlight=False)
-            vrows, vllm_meta[fmt] = _time_vllm(folder, prompts, args)
-            console.print(f"{fmt}: lowbit", highlight=False)
-            model = _lowbit_model(base, quantized, fmt, args.kernel, not args.stock_ops)
-            lrows = _time_lowbit(model, prompts, args.batches, args.new, args.repeats, pad)
-            del model, quantized
-            for engine, rs in (("vllm", vrows), ("lowbit", lrows)):
-                for r in rs:
-                    rows.append({"engine": engine, "format": fmt, "batch": r["batch"], "prompt": args.prompt,
-                                 "new": args.new, "repeats": args.repeats, "seconds": r["seconds"],
-                                 "gen_tok_s": r["tokens"] / r["median_s"]})
-    ref = {r["batch"]: r["gen_tok_s"] for r in rows if r["engine"] == "vllm" and r["format"] == "bf16"}
+            ckpt = fmt.make(source, Path(tmp) / fmt.name)
+            console.print(f"{fmt.name}: vllm serve ({python})", highlight=False)
+            pts, meta_engines[f"vllm/{fmt.name}"] = vllm_points(python, fmt, ckpt.vllm, requests, counts, args,
+                                                                logs / f"vllm-{fmt.name}.log")
+            add("vllm", fmt, pts)
+            if "lowbit" in engines and ckpt.lowbit is not None:
+                console.print(f"{fmt.name}: lowbit's generate loop", highlight=False)
+                pts, meta_engines[f"lowbit/{fmt.name}"] = lowbit_points(ckpt.lowbit, requests, counts, args,
+                                                                        logs / f"lowbit-{fmt.name}.log", Path(tmp))
+                add("lowbit", fmt, pts)
+    console.print(_table(rows, args))
+    write_json(args.out / "serve.json", {"meta": meta | {"complete": True}, "rows": rows})
+    _plot(rows, args.out / "serve.png")
+    console.print(f"wrote {args.out}/serve.json, serve.png (server logs in {logs})")
+    return 0
+
+
+def _finish_rows(rows: list[dict], order: list[str]) -> None:
+    """Each row's ratio to vLLM BF16 at its concurrency (where measured); rows in table order."""
+    ref = {r["concurrency"]: r["output_tok_s"] for r in rows if (r["engine"], r["format"]) == ("vllm", "bf16")}
     for r in rows:
-        r["vs_vllm_bf16"] = r["gen_tok_s"] / ref[r["batch"]]
-    rows.sort(key=lambda r: (r["batch"], r["engine"], formats.index(r["format"])))
-    table = Table(title=f"serve, {args.model}, prompt {args.prompt} + {args.new} new tokens, "
-                        f"median of {args.repeats}, generation tok/s (prefill included)"
-                        f"{', vLLM eager' if args.eager else ''}")
-    for c in ("batch", "engine", "format", "gen tok/s", "vs vLLM bf16"):
+        r["vs_vllm_bf16"] = r["output_tok_s"] / ref[r["concurrency"]] if r["concurrency"] in ref else None
+    rows.sort(key=lambda r: (r["concurrency"], ENGINES.index(r["engine"]), order.index(r["format"])))
+
+
+def _progress(console, rows: list[dict]) -> None:
+    for r in rows:
+        console.print(f"  {r['engine']} {r['format']} concurrency {r['concurrency']}: {r['output_tok_s']:.1f} "
+                      f"output tok/s, {r['requests']} requests in {r['wall_s']:.1f} s", highlight=False)
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{v:.0f}" if v >= 100 else f"{v:.1f}"
+
+
+def _table(rows: list[dict], args):
+    from rich.table import Table
+
+    from .report import fmt_bytes
+
+    table = Table(title=f"serve, {args.model}: prompts ≤ {args.prompt_max} tokens of real text, "
+                        f"{args.new_min}-{args.new_max} output tokens, seed {args.seed}"
+                        f"{', vLLM eager' if args.eager else ''}; lowbit = static batches of the concurrency")
+    for c in ("concurrency", "engine", "format", "requests", "output tok/s", "vs vLLM bf16", "TTFT p50 ms",
+              "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "peak memory"):
         table.add_column(c, justify="right")
     for r in rows:
-        table.add_row(str(r["batch"]), r["engine"], r["format"], f"{r['gen_tok_s']:.1f}", f"{r['vs_vllm_bf16']:.2f}x")
-    console.print(table)
-    meta = args_meta(args)
-    meta |= {"torch": torch.__version__, "threads": torch.get_num_threads(), "vllm_python": python,
-             "vllm": vllm_meta, "machine": machine.report()}
-    write_json(args.out / "serve.json", {"meta": meta, "rows": rows})
-    _plot(rows, args.out / "serve.png")
-    console.print(f"wrote {args.out}/serve.json, serve.png")
-    return 0
+        vs = "-" if r["vs_vllm_bf16"] is None else f"{r['vs_vllm_bf16']:.2f}x"
+        table.add_row(str(r["concurrency"]), r["engine"], r["format"], str(r["requests"]), f"{r['output_tok_s']:.1f}",
+                      vs, _ms(r["ttft_p50_ms"]), _ms(r["ttft_p99_ms"]), _ms(r["itl_p50_ms"]), _ms(r["itl_p99_ms"]),
+                      fmt_bytes(r["peak_rss_bytes"]))
+    return table
 
 
 def _plot(rows: list[dict], path: Path) -> None:
@@ -168,12 +171,12 @@ def _plot(rows: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for key in dict.fromkeys((r["engine"], r["format"]) for r in rows):
-        pts = sorted((r["batch"], r["gen_tok_s"]) for r in rows if (r["engine"], r["format"]) == key)
+        pts = sorted((r["concurrency"], r["output_tok_s"]) for r in rows if (r["engine"], r["format"]) == key)
         ax.plot(*zip(*pts), marker="o", linestyle="-" if key[0] == "vllm" else "--", label=" ".join(key))
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("batch (sequences)")
-    ax.set_ylabel("generation tokens/s")
+    ax.set_xlabel("concurrent requests (lowbit: batch size)")
+    ax.set_ylabel("output tokens/s")
+    ax.set_title("throughput against concurrency")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     save_figure(fig, path)

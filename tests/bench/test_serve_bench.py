@@ -1,18 +1,170 @@
-"""``lowbit bench serve``: its errors (bad formats, no vLLM, a failing or hanging worker) and,
-where the vLLM environment exists, one tiny real run against vLLM."""
+"""``lowbit bench serve``: its parts against a stand-in server (start, health, streaming client,
+stop with no leftovers, errors), the request list, and, where the vLLM environment exists, one
+tiny real run of ``vllm serve`` and lowbit's loop."""
 
 import json
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
+import psutil
 import pytest
 
+from lowbit.bench.serve import request_counts
+from lowbit.bench.serve_client import drive
+from lowbit.bench.serve_requests import build_requests, describe
+from lowbit.bench.serve_server import PeakTreeRSS, ServerFailed, ServerProcess, free_port
+from lowbit.bench.serve_stats import percentile, summarize
 from lowbit.bench.vllm_engine import VLLMFailed, VLLMUnavailable, find_python, run_worker
 from lowbit.cli import main
 
+FAKE = Path(__file__).with_name("fake_openai_server.py")
 
-def test_bad_formats_are_refused(tmp_path):
+
+def _fake(tmp_path, mode: str) -> tuple[ServerProcess, int]:
+    port = free_port()
+    return ServerProcess([sys.executable, str(FAKE), str(port), mode], tmp_path / f"{mode}.log", name="fake"), port
+
+
+def _gone(pids) -> bool:
+    return all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE for p in pids)
+
+
+REQS = [{"prompt_ids": list(range(5 + i)), "max_tokens": 3 + i} for i in range(5)]
+
+
+def test_client_streams_and_the_server_tree_stops(tmp_path):
+    server, port = _fake(tmp_path, "slow-start")
+    server.start()
+    try:
+        assert server.wait_healthy(f"http://127.0.0.1:{port}/health", timeout=60) >= 0.5
+        with PeakTreeRSS(server.proc.pid) as mem:
+            res = drive("127.0.0.1", port, "m", REQS, concurrency=2, budget_s=60, request_timeout=60)
+        assert len(mem.pids) == 2 and mem.peak > 0  # the server and its child, summed
+        server.seen_pids |= mem.pids
+    finally:
+        server.stop(grace=10)
+    assert _gone(mem.pids) and server.alive_pids() == []
+    recs = sorted(res["records"], key=lambda r: r["requested_tokens"])
+    assert [r["output_tokens"] for r in recs] == [3, 4, 5, 6, 7] and all(r["error"] is None for r in recs)
+    assert all(len(r["itl"]) == r["output_tokens"] - 1 and r["ttft"] > 0 for r in recs)
+    itl = sorted(x for r in recs for x in r["itl"])
+    assert 0 <= itl[0] and 0.005 < itl[len(itl) // 2] < 5, itl  # the stand-in sleeps 10 ms per token
+    point = summarize(res["records"], res["wall_s"])
+    assert point["output_tokens"] == 25 and point["failed"] == 0 and point["output_tok_s"] == 25 / res["wall_s"]
+    assert point["ttft_p50_ms"] <= point["ttft_p99_ms"] and point["itl_p50_ms"] >= 5
+
+
+def test_a_server_that_ignores_sigterm_is_killed_with_its_child(tmp_path):
+    server, port = _fake(tmp_path, "deaf")
+    server.start()
+    server.wait_healthy(f"http://127.0.0.1:{port}/health", timeout=60)
+    with PeakTreeRSS(server.proc.pid) as mem:
+        pass
+    assert len(mem.pids) == 2
+    server.seen_pids |= mem.pids
+    assert server.stop(grace=1) == -9
+    assert _gone(mem.pids)
+
+
+def test_sigterm_to_the_benchmark_stops_its_servers(tmp_path):
+    """``bench serve`` killed by ``timeout``/``kill`` (SIGTERM) still stops the server tree it started."""
+    import os
+    import signal
+    import subprocess
+
+    script = tmp_path / "bench.py"
+    script.write_text(f"""
+import sys, time
+from lowbit.bench import serve
+from lowbit.bench.serve_server import ServerProcess, free_port
+
+def fake_run(args):
+    port = free_port()
+    with ServerProcess([sys.executable, {str(FAKE)!r}, str(port), "ok"], {str(tmp_path / "s.log")!r}) as s:
+        s.wait_healthy(f"http://127.0.0.1:{{port}}/health", 60)  # its child is started by then
+        print(s.proc.pid, flush=True)
+        time.sleep(600)
+
+serve._run = fake_run
+serve.run(None)
+""")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    bench = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        server = int(bench.stdout.readline())
+        tree = [server] + [c.pid for c in psutil.Process(server).children(recursive=True)]
+        assert len(tree) == 2
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        bench.kill()
+    assert _gone(tree)
+
+
+def test_a_crashing_server_reports_its_log(tmp_path):
+    server, port = _fake(tmp_path, "crash")
+    server.start()
+    with pytest.raises(ServerFailed, match=r"(?s)exited with code 3.*cannot load the model"):
+        server.wait_healthy(f"http://127.0.0.1:{port}/health", timeout=60)
+
+
+def test_a_server_never_healthy_is_stopped_at_its_time_limit(tmp_path):
+    server, port = _fake(tmp_path, "never-healthy")
+    server.start()
+    with pytest.raises(ServerFailed, match=r"(?s)not healthy .* within 2 s.*listening on"):
+        server.wait_healthy(f"http://127.0.0.1:{port}/health", timeout=2)
+    assert server.proc.poll() is not None and server.alive_pids() == []
+
+
+@pytest.mark.parametrize("mode, error", [("error", "HTTP 400"), ("short", "the server reports 2")])
+def test_failed_requests_are_recorded(tmp_path, mode, error):
+    server, port = _fake(tmp_path, mode)
+    with server:
+        server.wait_healthy(f"http://127.0.0.1:{port}/health", timeout=60)
+        res = drive("127.0.0.1", port, "m", REQS[:1], concurrency=1, budget_s=60, request_timeout=60)
+    assert error in res["records"][0]["error"]
+    assert summarize(res["records"], res["wall_s"])["failed"] == 1
+
+
+def test_the_time_budget_stops_sending():
+    # nothing listens on this port: every request fails at once; a zero budget sends none
+    res = drive("127.0.0.1", free_port(), "m", REQS, concurrency=2, budget_s=0, request_timeout=5)
+    assert res["records"] == [] and res["unsent"] == len(REQS)
+
+
+def test_percentiles_and_request_counts():
+    np = pytest.importorskip("numpy")
+    xs = [5.0, 1.0, 3.0, 10.0, 2.5, 7.0]
+    for q in (0, 50, 90, 99, 100):
+        assert percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))
+    assert percentile([], 50) is None
+    assert request_counts([1, 4, 16, 64], 0) == {1: 8, 4: 8, 16: 32, 64: 128}
+    assert request_counts([1, 4], 2) == {1: 2, 4: 4}
+
+
+class _WordTokenizer:
+    """Whitespace tokens (ids are word lengths): enough to check lengths and sources."""
+
+    def __call__(self, text):
+        return SimpleNamespace(input_ids=[len(w) for w in text.split()])
+
+
+def test_requests_are_real_text_with_a_seeded_mix_of_lengths():
+    reqs = build_requests(_WordTokenizer(), 40, prompt_max=64, new_min=4, new_max=100, seed=3)
+    assert reqs == build_requests(_WordTokenizer(), 40, prompt_max=64, new_min=4, new_max=100, seed=3)
+    assert reqs != build_requests(_WordTokenizer(), 40, prompt_max=64, new_min=4, new_max=100, seed=4)
+    d = describe(reqs)
+    assert d["count"] == 40 and d["sources"]["wikitext2"] == 20 and len(d["sources"]) >= 4
+    assert 8 <= d["prompt_tokens"]["min"] and d["prompt_tokens"]["max"] == 64
+    assert 4 <= d["output_tokens"]["min"] < 20 < 50 < d["output_tokens"]["max"] <= 100  # log-uniform: a wide mix
+    with pytest.raises(ValueError, match="min <= max"):
+        build_requests(_WordTokenizer(), 4, prompt_max=64, new_min=9, new_max=8)
+
+
+def test_bad_arguments_are_refused(tmp_path):
     assert main(["bench", "serve", "--formats", "w4a4", "--out", str(tmp_path)]) == 2
-    assert main(["bench", "serve", "--new", "1", "--out", str(tmp_path)]) == 2
+    assert main(["bench", "serve", "--new-min", "9", "--new-max", "8", "--out", str(tmp_path)]) == 2
 
 
 def test_a_python_without_vllm_is_named(monkeypatch, tmp_path, capsys):
@@ -46,22 +198,23 @@ def test_a_hanging_worker_is_stopped_by_its_time_limit(tmp_path):
 
 @pytest.mark.model
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # two vLLM engines start (eager), on two shared cores
+@pytest.mark.timeout(900)  # quantize, export, start `vllm serve` (eager) and lowbit's loop, on two shared cores
 def test_serve_small_real_run(tmp_path):
     try:
         find_python()
     except VLLMUnavailable as e:
         pytest.skip(str(e))
-    rc = main(["bench", "serve", "--formats", "w4a16", "--batches", "1", "2", "--prompt", "8", "--new", "4",
-               "--repeats", "1", "--calib", "1x32", "--eager", "--out", str(tmp_path)])
+    rc = main(["bench", "serve", "--formats", "w4a16", "--concurrency", "1,2", "--requests", "2", "--prompt-max", "16",
+               "--new-min", "2", "--new-max", "4", "--calib", "1x32", "--eager", "--out", str(tmp_path)])
     assert rc == 0
     data = json.loads((tmp_path / "serve.json").read_text())
     rows = data["rows"]
-    keys = {(r["engine"], r["format"], r["batch"]) for r in rows}
-    assert keys == {(e, f, b) for e in ("vllm", "lowbit") for f in ("bf16", "w4a16") for b in (1, 2)}
-    assert all(r["gen_tok_s"] > 0 for r in rows)
-    for r in rows:  # the baseline is vLLM's bf16 at the same batch
-        if (r["engine"], r["format"]) == ("vllm", "bf16"):
-            assert r["vs_vllm_bf16"] == 1.0
-    assert data["meta"]["machine"]["cpu"]["model"] and data["meta"]["vllm"]["w4a16"]["vllm"]
-    assert (tmp_path / "serve.png").stat().st_size > 0
+    assert {(r["engine"], r["format"], r["concurrency"]) for r in rows} == {
+        (e, "w4a16", c) for e in ("vllm", "lowbit") for c in (1, 2)}
+    for r in rows:
+        assert r["requests"] == 2 and r["failed"] == 0 and r["output_tokens"] >= 4 and r["output_tok_s"] > 0
+        assert r["ttft_p50_ms"] > 0 and r["itl_p50_ms"] is not None and r["peak_rss_bytes"] > 100 << 20
+    engines = data["meta"]["engines"]
+    assert engines["vllm/w4a16"]["vllm"] and engines["vllm/w4a16"]["ready_s"] > 0
+    assert len(engines["vllm/w4a16"]["pids"]) >= 2 and _gone(engines["vllm/w4a16"]["pids"])  # API server + engine core
+    assert data["meta"]["machine"]["cpu"]["model"] and (tmp_path / "serve.png").stat().st_size > 0

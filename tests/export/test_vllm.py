@@ -80,13 +80,13 @@ def _lowbit_ppl(model, windows) -> float:
         return math.exp(float(window_nll(model, windows).double().mean()))
 
 
-# vLLM computes in bf16 (8 significant bits: every matmul output and the residual stream are
-# rounded to a relative 2^-9), lowbit's evaluation in fp32. Over 30 layers that noise moves
-# the mean log-likelihood of 1022 tokens by a few tenths of a percent of perplexity; the
-# quantized formats add vLLM's own activation grid (W8A8: absmax/127 per token vs lowbit's
-# signed absmax/128) and kernels. 3 % holds every format with margin on this machine, while a
-# wrong export (scales, zero points, group order, a transposed pack) costs tens of percent.
-PPL_TOLERANCE = {"bf16": 0.03, "w8a8": 0.03, "w4a16": 0.03}
+# vLLM computes in bf16 (8 significant bits), lowbit's evaluation in fp32: on these windows
+# lowbit's own forward in bf16 moves the float model's perplexity by -0.25 % and the W4A16 model's
+# (dequantized) by +0.30 %. Measured vLLM vs lowbit here (AMD EPYC Zen 4, no AMX): BF16 +0.13 %,
+# W8A8 -0.17 %, W4A16 g64 -0.14 %. The W4A16 gap of +4.6 % seen on an AMX Xeon was vLLM running
+# W4A16 as W4A8 (VLLM_CPU_INT4_W4A8, now 0 in vllm_worker.ENGINE_ENV). 0.5 % is the goal;
+# a wrong export (scales, zero points, group order, a transposed pack) costs tens of percent.
+PPL_TOLERANCE = {"bf16": 0.005, "w8a8": 0.005, "w4a16": 0.005}
 
 
 def test_vllm_perplexity_matches_lowbits_evaluation(served, windows):
