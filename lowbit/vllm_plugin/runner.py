@@ -36,5 +36,7 @@ def run(request: dict, timeout: float, python: str) -> dict:
         if proc.returncode != 0 or not res.exists():
             raise PluginRunFailed(f"vLLM (lowbit plugin) failed (exit {proc.returncode}); its output ends:\n{out[-3000:]}")
         result = json.loads(res.read_text())
-        result["log"] = out[-20000:]
+        # the plugin's own lines (which kernels ran, the KV cache note) wherever they are, then the tail
+        mine = [line for line in out.splitlines() if "lowbit" in line and "plugin" in line]
+        result["log"] = "\n".join(mine) + "\n" + out[-20000:]
         return result

@@ -13,13 +13,13 @@ loader would, the kernel's layout is prepared once and the packed parameters are
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.nn import Parameter
 
+from vllm.logger import init_logger
 from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase, UnquantizedLinearMethod
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
@@ -31,7 +31,8 @@ from lowbit.kernels.linear_params import from_quant_linear
 from lowbit.nn.quant_linear import QuantLinear, QuantLinearLayout
 from lowbit.vllm_plugin.plan import NAME, Plan, PluginError, check_model_type, norm_renames, plan_from_meta
 
-log = logging.getLogger("lowbit.vllm_plugin")
+log = init_logger("vllm.lowbit_plugin")  # under vLLM's logger, so its handlers print it
+_ANNOUNCED: set[tuple[str, str]] = set()
 SHARD_INDEX = {"q": 0, "k": 1, "v": 2}
 
 
@@ -145,7 +146,10 @@ class LowbitLinearMethod(LinearMethodBase):
         for name, _ in list(ql.named_buffers()):
             del layer._parameters[name]
         layer.register_buffer("lowbit_perm", perm, persistent=False)
-        log.debug("%s: %s via %s", self.prefix, prepared.kind, prepared.kernel)
+        if (prepared.kind, prepared.kernel) not in _ANNOUNCED:
+            _ANNOUNCED.add((prepared.kind, prepared.kernel))
+            log.info("lowbit plugin: %s linears run on lowbit's %s kernel (first: %s)", prepared.kind,
+                     prepared.kernel, self.prefix)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if layer.lowbit_perm is not None:

@@ -1,7 +1,9 @@
 """One vLLM engine with the lowbit plugin, in its own process: ``python worker.py REQUEST RESULT``.
 
 Runs in the vLLM environment, so it imports the standard library and vLLM only (vLLM loads the
-plugin through its entry point). The request holds ``llm`` (keyword arguments of ``vllm.LLM``, e.g.
+plugin through its entry point). The request is ``{"engines": [...]}``, run one after the other in
+this process (the engine core in-process too: one Python start instead of three per engine), each
+``{"llm": {...}, "jobs": [...]}`` with ``llm`` the keyword arguments of ``vllm.LLM`` (e.g.
 ``{"model": DIR, "quantization": "lowbit", "dtype": "float32"}``) and ``jobs``:
 
 - ``{"kind": "nll", "windows": [[ids]...]}``: per window, the summed negative log-likelihood of
@@ -66,13 +68,25 @@ def main(argv: list[str]) -> int:
         req = json.load(f)
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # binding fails or fights on a shared VM
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import gc
+
     import vllm
 
-    t0 = time.perf_counter()
-    llm = vllm.LLM(seed=0, **req["llm"])
-    result = {"vllm": vllm.__version__, "load_s": time.perf_counter() - t0, "jobs": []}
-    for job in req["jobs"]:
-        result["jobs"].append(JOBS[job["kind"]](llm, vllm.SamplingParams, job))
+    result = {"vllm": vllm.__version__, "engines": []}
+    for eng in req["engines"]:
+        t0 = time.perf_counter()
+        try:
+            llm = vllm.LLM(seed=0, **{"distributed_executor_backend": "uni", **eng["llm"]})
+        except Exception as e:  # a refused checkpoint: its message is the result (keep it last: vLLM may be left half set up)
+            result["engines"].append({"error": f"{type(e).__name__}: {e}"})
+            continue
+        done = {"load_s": time.perf_counter() - t0, "jobs": []}
+        for job in eng["jobs"]:
+            done["jobs"].append(JOBS[job["kind"]](llm, vllm.SamplingParams, job))
+        result["engines"].append(done)
+        del llm
+        gc.collect()
     with open(res_path + ".tmp", "w") as f:
         json.dump(result, f)
     os.replace(res_path + ".tmp", res_path)  # the caller reads a whole result or none

@@ -85,3 +85,29 @@ def test_refused_checkpoints_name_the_reason(w4a4, tmp_path_factory):
         plan_from_meta({"format_version": 2})
     with pytest.raises(PluginError, match="model type 'gemma'"):
         check_model_type("gemma")
+
+
+def test_vllm_is_imported_only_by_the_plugin_and_only_when_vllm_calls_it():
+    """lowbit's own environment has no vLLM: importing lowbit (plugin package included) must not
+    need it; only vllm_method.py (loaded by register()) and the worker script import it."""
+    import ast
+    from pathlib import Path
+
+    import lowbit.vllm_plugin
+    import lowbit.vllm_plugin.plan
+    import lowbit.vllm_plugin.runner  # noqa: F401
+
+    root = Path(lowbit.vllm_plugin.__file__).parents[1]
+    allowed = {"vllm_plugin/vllm_method.py", "vllm_plugin/worker.py", "vllm_plugin/__init__.py",
+               "bench/vllm_worker.py"}  # the export benchmark's own worker (runs in vLLM's environment)
+    users = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            if any(n.split(".")[0] == "vllm" for n in names):
+                users.add(path.relative_to(root).as_posix())
+    assert users <= allowed, sorted(users - allowed)
+    top = [n for n in ast.parse((root / "vllm_plugin/__init__.py").read_text()).body
+           if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert not any("vllm" in (getattr(n, "module", "") or "") for n in top)  # inside register() only
