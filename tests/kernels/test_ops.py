@@ -1,0 +1,75 @@
+"""torch.ops.lowbit.linear: the prepared kernels bit for bit, eager and under torch.compile."""
+
+import gc
+
+import pytest
+import torch
+
+from lowbit.kernels import KernelError, from_float, prepare
+from lowbit.kernels import ops
+
+CASES = [("w4a16", torch.float32, 0), ("w4a16", torch.bfloat16, 0), ("w8a16", torch.float32, 0),
+         ("w8a8", torch.float32, 0), ("w8a8", torch.bfloat16, 0), ("w4a4", torch.float32, 64),
+         ("w4a4", torch.bfloat16, 64)]
+
+
+class Holder:  # an owner for the handle's lifetime
+    pass
+
+
+@pytest.mark.parametrize("kind,dtype,k", CASES)
+def test_op_equals_direct_call(kind, dtype, k):
+    torch.manual_seed(0)
+    p = from_float(torch.randn(70, 320), kind, n_outliers=k, bias=torch.randn(70))  # 70 rows: padded to 72
+    pl = prepare(p)
+    owner = Holder()
+    h = ops.register(pl, owner)
+    for shape in [(1, 320), (5, 320), (2, 3, 320), (0, 320)]:
+        x = torch.randn(*shape).to(dtype)
+        y = torch.ops.lowbit.linear(x, h)
+        want = pl.batched(x)
+        assert y.dtype == want.dtype == dtype and y.shape == want.shape
+        assert torch.equal(y, want)
+        assert y.is_contiguous()
+
+
+@pytest.mark.parametrize("kind,dtype,k", [CASES[1], CASES[3], CASES[5]])
+def test_op_under_torch_compile(kind, dtype, k):
+    torch.manual_seed(1)
+    pl = prepare(from_float(torch.randn(96, 256), kind, n_outliers=k))
+    owner = Holder()
+    h = ops.register(pl, owner)
+
+    def f(x):
+        return torch.relu(torch.ops.lowbit.linear(x * 2, h)) + 1
+
+    compiled = torch.compile(f, fullgraph=True, backend="inductor")
+    for t in (3, 9):
+        x = torch.randn(t, 256).to(dtype)
+        assert torch.equal(compiled(x), f(x))
+
+
+def test_fake_gives_shape_and_dtype():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    pl = prepare(from_float(torch.randn(40, 128), "w4a4", n_outliers=0))
+    owner = Holder()
+    h = ops.register(pl, owner)
+    with FakeTensorMode():
+        y = torch.ops.lowbit.linear(torch.empty(4, 7, 128, dtype=torch.bfloat16), h)
+        assert y.shape == (4, 7, 40) and y.dtype == torch.bfloat16
+        with pytest.raises(ValueError, match=r"\[\.\.\., 128\]"):
+            torch.ops.lowbit.linear(torch.empty(4, 100), h)
+    torch.library.opcheck(torch.ops.lowbit.linear.default, (torch.randn(3, 128), h))
+
+
+def test_handle_released_with_owner_and_unknown_handle_is_clear():
+    owner = Holder()
+    h = ops.register(prepare(from_float(torch.randn(8, 64), "w8a8")), owner)
+    assert ops.prepared(h).out_features == 8
+    del owner
+    gc.collect()
+    with pytest.raises(KernelError, match=f"handle {h!r}"):
+        torch.ops.lowbit.linear(torch.randn(1, 64), h)
+    with pytest.raises(TypeError, match="PreparedLinear"):
+        ops.register(object())

@@ -1,0 +1,113 @@
+"""The plugin's plan from lowbit_config.json alone (lowbit's environment, no vLLM): fused layouts,
+where the permutations go, and every checkpoint it refuses, with the reason."""
+
+import json
+import re
+
+import pytest
+import torch
+
+from lowbit.checkpoint import save_quantized
+from lowbit.formats.scheme import KVArgs
+from lowbit.quantize import get_scheme, quantize_model
+from lowbit.vllm_plugin.plan import PluginError, check_model_type, norm_renames, plan_from_meta
+from tests.tiny_models import tiny_model
+
+IDS = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+
+
+def _meta(tmp_path_factory, scheme, arch="llama"):
+    model = tiny_model(arch)
+    quantize_model(model, scheme, IDS, progress=False)
+    out = tmp_path_factory.mktemp("ckpt") / "q"
+    save_quantized(model, out)
+    return json.loads((out / "lowbit_config.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def w4a4(tmp_path_factory):
+    return _meta(tmp_path_factory, get_scheme("w4a4-rtn").with_(outliers=get_scheme("w4a4").outliers))
+
+
+def test_w4a4_fused_layouts_and_permutations(w4a4):
+    plan = plan_from_meta(w4a4)
+    assert plan.kv_cache_note is None
+    qkv, sizes = plan.layer("model.layers.0.self_attn.qkv_proj")
+    assert sizes == [64, 32, 32] and qkv.out_features == 128 and qkv.n_outliers == 8
+    assert qkv.has_input_perm  # its norm's permutation moves into the fused linear
+    assert not w4a4["layout"]["quant_linears"]["model.layers.0.self_attn.q_proj"]["has_input_perm"]
+    gate_up, sizes = plan.layer("model.layers.1.mlp.gate_up_proj")
+    assert sizes == [128, 128] and gate_up.has_input_perm
+    o, sizes = plan.layer("model.layers.0.self_attn.o_proj")
+    assert sizes == [64] and o.has_input_perm  # its own permutation, in the checkpoint already
+    assert plan.layer("lm_head") is None  # the head stays float: vLLM's own
+
+
+def test_renames_move_norm_permutations_to_the_linear_they_feed():
+    names = {"model.layers.3.input_layernorm.norm.weight": "model.layers.3.input_layernorm.weight",
+             "model.layers.3.input_layernorm.perm": "model.layers.3.self_attn.q_proj.input_perm",
+             "model.layers.3.post_attention_layernorm.perm": "model.layers.3.mlp.gate_proj.input_perm",
+             "model.layers.3.self_attn.o_proj.input_perm": "model.layers.3.self_attn.o_proj.input_perm",
+             "model.norm.weight": "model.norm.weight"}
+    for name, want in names.items():
+        for pat, new in norm_renames().items():
+            name = re.sub(pat, new, name)
+        assert name == want
+
+
+def test_int4_kv_cache_is_served_with_vllms_cache_and_says_so(tmp_path_factory):
+    meta = _meta(tmp_path_factory, get_scheme("w4a4-rtn").with_(kv_cache=KVArgs(bits=4)))
+    note = plan_from_meta(meta).kv_cache_note
+    assert "INT4 KV cache" in note and "kv_cache_dtype='auto'" in note
+
+
+def test_refused_checkpoints_name_the_reason(w4a4, tmp_path_factory):
+    bad = json.loads(json.dumps(w4a4))
+    bad["scheme"]["tensor_parallel"]["world"] = 2
+    with pytest.raises(PluginError, match="tensor-parallel"):
+        plan_from_meta(bad)
+    bad = json.loads(json.dumps(w4a4))
+    bad["layout"]["unfused_experts"] = True
+    with pytest.raises(PluginError, match="mixture-of-experts"):
+        plan_from_meta(bad)
+    bad = json.loads(json.dumps(w4a4))
+    bad["layout"]["quant_linears"]["model.layers.0.self_attn.k_proj"]["n_outliers"] = 4
+    with pytest.raises(PluginError, match="different layouts"):
+        plan_from_meta(bad).layer("model.layers.0.self_attn.qkv_proj")
+    bad = json.loads(json.dumps(w4a4))
+    del bad["layout"]["quant_linears"]["model.layers.0.mlp.up_proj"]
+    with pytest.raises(PluginError, match="only some"):
+        plan_from_meta(bad).layer("model.layers.0.mlp.gate_up_proj")
+    fp4 = _meta(tmp_path_factory, get_scheme("w4a4-fp4").with_(gptq=get_scheme("w4a4-rtn").gptq))
+    with pytest.raises(PluginError, match="fp4 weights have no lowbit CPU kernel"):
+        plan_from_meta(fp4)
+    with pytest.raises(PluginError, match="no 'scheme'"):
+        plan_from_meta({"format_version": 2})
+    with pytest.raises(PluginError, match="model type 'gemma'"):
+        check_model_type("gemma")
+
+
+def test_vllm_is_imported_only_by_the_plugin_and_only_when_vllm_calls_it():
+    """lowbit's own environment has no vLLM: importing lowbit (plugin package included) must not
+    need it; only vllm_method.py (loaded by register()) and the worker script import it."""
+    import ast
+    from pathlib import Path
+
+    import lowbit.vllm_plugin
+    import lowbit.vllm_plugin.plan
+    import lowbit.vllm_plugin.runner  # noqa: F401
+
+    root = Path(lowbit.vllm_plugin.__file__).parents[1]
+    allowed = {"vllm_plugin/vllm_method.py", "vllm_plugin/worker.py", "vllm_plugin/__init__.py",
+               "bench/vllm_worker.py"}  # the export benchmark's own worker (runs in vLLM's environment)
+    users = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            if any(n.split(".")[0] == "vllm" for n in names):
+                users.add(path.relative_to(root).as_posix())
+    assert users <= allowed, sorted(users - allowed)
+    top = [n for n in ast.parse((root / "vllm_plugin/__init__.py").read_text()).body
+           if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert not any("vllm" in (getattr(n, "module", "") or "") for n in top)  # inside register() only
