@@ -86,6 +86,7 @@ def _lowbit_ppl(model, windows) -> float:
 # W8A8 -0.17 %, W4A16 g64 -0.14 %. The W4A16 gap of +4.6 % seen on an AMX Xeon was vLLM running
 # W4A16 as W4A8 (VLLM_CPU_INT4_W4A8, now 0 in vllm_worker.ENGINE_ENV). 0.5 % is the issue's goal;
 # a wrong export (scales, zero points, group order, a transposed pack) costs tens of percent.
+NEAR_TIE = 0.25  # nats; see the greedy test
 PPL_TOLERANCE = {"bf16": 0.005, "w8a8": 0.005, "w4a16": 0.005}
 
 
@@ -115,5 +116,12 @@ def test_vllm_greedy_tokens_are_transformers_choices_on_the_same_folder(served):
         logp = torch.log_softmax(hf(ids).logits[0, len(prompt) - 1 : -1].float(), dim=-1)
     picked = logp.gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1)
     top = logp.argmax(dim=1)
-    assert top[:4].tolist() == tokens[:4], (fmt, top.tolist(), tokens)
-    assert (logp.max(dim=1).values - picked).max() <= 1.0, (fmt, top.tolist(), tokens)
+    margin = logp.max(dim=1).values - picked  # how far below transformers' own top vLLM's pick ranks
+    # The first token must be the same; among the next three a differing pick must be a near tie:
+    # vLLM computes in bf16 (8 significant bits), so logits of magnitude ~20 carry ~0.1 of rounding
+    # each, and a gap of two such logits under NEAR_TIE (0.25 nats) can flip. Seen on a Zen 4
+    # EPYC (W8A8, position 3). A wrong export moves whole distributions, not near ties.
+    assert top[0].item() == tokens[0], (fmt, top.tolist(), tokens)
+    assert all(t == v or m <= NEAR_TIE for t, v, m in zip(top[:4].tolist(), tokens[:4], margin[:4].tolist())), \
+        (fmt, top.tolist(), tokens, margin[:4].tolist())
+    assert margin.max() <= 1.0, (fmt, top.tolist(), tokens)
