@@ -5,14 +5,13 @@ versions, so vLLM usually lives in its own environment (``scripts/venv_vllm.sh``
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from lowbit.errors import LowbitError
+from lowbit.io.json_worker import WorkerFailed, run_json_worker
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 REPO_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
@@ -55,21 +54,8 @@ def find_python() -> str:
 
 def run_worker(request: dict, timeout: float, python: str | None = None) -> dict:
     """Run one vLLM engine on ``request`` (see :mod:`.vllm_worker`) and return its result."""
-    python = python or find_python()
-    with tempfile.TemporaryDirectory(prefix="lowbit-vllm-") as tmp:
-        req, res = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        req.write_text(json.dumps(request))
-        # its own session: a timeout ends vLLM's engine-core child processes too
-        proc = subprocess.Popen([python, str(WORKER), str(req), str(res)], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            out, _ = proc.communicate()
-            raise VLLMFailed(f"vLLM worker ran past {timeout:.0f} s on {request['model']}; its output ends:\n"
-                             + out[-3000:]) from None
-        if proc.returncode != 0 or not res.exists():
-            raise VLLMFailed(f"vLLM worker failed (exit {proc.returncode}) on {request['model']}; "
-                             f"its output ends:\n{out[-3000:]}")
-        return json.loads(res.read_text())
+    try:
+        return run_json_worker(python or find_python(), WORKER, request, timeout,
+                               f"vLLM worker on {request['model']}")[0]
+    except WorkerFailed as e:
+        raise VLLMFailed(str(e)) from None
