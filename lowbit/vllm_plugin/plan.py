@@ -114,6 +114,10 @@ def check_runnable(name: str, lay: QuantLinearLayout) -> str:
                           "no lowbit kernel")
     if lay.w_format != "int":
         raise PluginError(f"{name}: {lay.w_format} weights have no lowbit CPU kernel (integer grids only)")
+    if lay.input_transform:  # rotation.r4 / rotation.block: vLLM's layer would skip it and compute another function
+        raise PluginError(f"{name}: an online {lay.input_transform.get('kind')} transform of its input "
+                          "(rotation.r4 or rotation.block); the plugin does not apply online transforms: "
+                          "re-quantize without them")
     if lay.n_outliers and lay.outlier_precision != "int8":
         raise PluginError(f"{name}: {lay.outlier_precision} outlier channels; the kernels take INT8 outliers only")
     act = None

@@ -78,6 +78,10 @@ def test_refused_checkpoints_name_the_reason(w4a4, tmp_path_factory):
     del bad["layout"]["quant_linears"]["model.layers.0.mlp.up_proj"]
     with pytest.raises(PluginError, match="only some"):
         plan_from_meta(bad).layer("model.layers.0.mlp.gate_up_proj")
+    bad = json.loads(json.dumps(w4a4))
+    bad["layout"]["quant_linears"]["model.layers.0.mlp.down_proj"]["input_transform"] = {"kind": "hadamard", "n": 128}
+    with pytest.raises(PluginError, match="down_proj: an online hadamard transform of its input"):
+        plan_from_meta(bad)
     fp4 = _meta(tmp_path_factory, get_scheme("w4a4-fp4").with_(gptq=get_scheme("w4a4-rtn").gptq))
     with pytest.raises(PluginError, match="fp4 weights have no lowbit CPU kernel"):
         plan_from_meta(fp4)
