@@ -6,7 +6,10 @@ W4A4 and W4A16 checkpoints through the lowbit plugin, one vLLM process, engines 
 DIR receives the float folder and the two checkpoints (quantized once, round-to-nearest: the
 kernels' speed does not depend on GPTQ); later runs reuse them. Prompts are 128-token WikiText-2
 test windows, 64 new tokens, no early stop; decode tok/s = batch x 63 / (time for 64 tokens - time
-for 1 token), medians of the repeats. All engines: bf16, eager (``enforce_eager=True``).
+for 1 token), medians of the repeats. All engines: bf16, eager (``enforce_eager=True``). Each
+decode step is split into vLLM's linear layers (every ``apply``: lowbit's op with its input gather,
+vLLM's own GEMMs, the LM head) and the rest (attention, norms, sampling, scheduling), timed the same
+way: ms per step = (median time for 64 tokens - median for 1) / 63.
 Needs the vLLM environment (``scripts/venv_vllm.sh``; ``LOWBIT_VLLM_PYTHON`` names another).
 """
 
@@ -57,7 +60,8 @@ def main() -> None:
     prompts = _checkpoints(args.work)[: max(args.batches)].tolist()
     engines = {"vLLM bf16": {}, "plugin w4a4": {"quantization": "lowbit"}, "plugin w4a16": {"quantization": "lowbit"}}
     folders = {"vLLM bf16": "float", "plugin w4a4": "w4a4", "plugin w4a16": "w4a16"}
-    job = {"kind": "decode", "prompts": prompts, "batches": args.batches, "new": NEW, "repeats": args.repeats}
+    job = {"kind": "decode", "prompts": prompts, "batches": args.batches, "new": NEW, "repeats": args.repeats,
+           "split": True}
     req = {"engines": [{"llm": {"model": str(args.work / folders[n]), "dtype": "bfloat16", "enforce_eager": True,
                                 "max_model_len": PROMPT + NEW + 8, "max_num_seqs": max(args.batches), **kw},
                         "jobs": [job]} for n, kw in engines.items()]}
@@ -66,11 +70,15 @@ def main() -> None:
     for name, eng in zip(engines, result["engines"]):
         for r in eng["jobs"][0]["rows"]:
             step = statistics.median(r["total_s"]) - statistics.median(r["prefill_s"])
-            rows.append({"format": name, "batch": r["batch"], "decode_tok_s": r["batch"] * (NEW - 1) / step, **r})
+            lin = statistics.median(r["total_linear_s"]) - statistics.median(r["prefill_linear_s"])
+            rows.append({"format": name, "batch": r["batch"], "decode_tok_s": r["batch"] * (NEW - 1) / step,
+                         "step_ms": 1e3 * step / (NEW - 1), "linear_ms": 1e3 * lin / (NEW - 1),
+                         "rest_ms": 1e3 * (step - lin) / (NEW - 1), **r})
     bf16 = {r["batch"]: r["decode_tok_s"] for r in rows if r["format"] == "vLLM bf16"}
-    print("| format | " + " | ".join(f"batch {b} tok/s (vs bf16)" for b in args.batches) + " |")
+    print("| format | " + " | ".join(f"batch {b} tok/s (vs bf16); ms/step: linears + rest" for b in args.batches) + " |")
     for name in engines:
-        cells = [f"{r['decode_tok_s']:.1f} ({r['decode_tok_s'] / bf16[r['batch']]:.2f}x)" for r in rows if r["format"] == name]
+        cells = [f"{r['decode_tok_s']:.1f} ({r['decode_tok_s'] / bf16[r['batch']]:.2f}x); "
+                 f"{r['linear_ms']:.1f} + {r['rest_ms']:.1f}" for r in rows if r["format"] == name]
         print(f"| {name} | " + " | ".join(cells) + " |")
     if args.json:
         write_json(args.json, {"vllm": result["vllm"], "rows": rows})

@@ -11,7 +11,8 @@ this process (the engine core in-process too: one Python start instead of three 
 - ``{"kind": "greedy", "prompts": [[ids]...], "max_tokens": N}``: greedy token ids;
 - ``{"kind": "decode", "prompts": [[ids]...], "batches": [..], "new": N, "repeats": R}``: per batch,
   seconds of ``LLM.generate`` making 1 token (the prompt) and ``N`` tokens, R times each; the decode
-  rate is ``b·(N-1)`` over their difference.
+  rate is ``b·(N-1)`` over their difference. With ``"split": true`` also the seconds spent inside
+  vLLM's linear layers in each run (:mod:`.linear_timer`; eager engines only).
 """
 
 from __future__ import annotations
@@ -43,19 +44,30 @@ def _greedy(llm, sp, job):
 
 
 def _decode(llm, sp, job):
+    if job.get("split"):  # lowbit's module, in vLLM's environment: it patches vLLM's linear methods
+        from lowbit.vllm_plugin.linear_timer import LinearTimer
     rows = []
     for b in job["batches"]:
         prompts = _rows(job["prompts"][:b])
         llm.generate(prompts, sp(max_tokens=2, temperature=0.0, ignore_eos=True), use_tqdm=False)  # warm
-        times = {}
+        times, linear = {}, {}
         for n in (1, job["new"]):
             params = sp(max_tokens=n, min_tokens=n, temperature=0.0, ignore_eos=True)
-            times[n] = []
+            times[n], linear[n] = [], []
             for _ in range(job["repeats"]):
+                timer = LinearTimer() if job.get("split") else None
                 t0 = time.perf_counter()
-                llm.generate(prompts, params, use_tqdm=False)
+                if timer:
+                    with timer:
+                        llm.generate(prompts, params, use_tqdm=False)
+                else:
+                    llm.generate(prompts, params, use_tqdm=False)
                 times[n].append(time.perf_counter() - t0)
-        rows.append({"batch": b, "new": job["new"], "prefill_s": times[1], "total_s": times[job["new"]]})
+                linear[n].append(timer.seconds if timer else None)
+        row = {"batch": b, "new": job["new"], "prefill_s": times[1], "total_s": times[job["new"]]}
+        if job.get("split"):
+            row.update(prefill_linear_s=linear[1], total_linear_s=linear[job["new"]])
+        rows.append(row)
     return {"rows": rows}
 
 
