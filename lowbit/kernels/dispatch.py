@@ -8,6 +8,7 @@ CPU tensors → the CPU fast path of the kind; anything else → reference.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -59,7 +60,9 @@ def choose(kind: str, device: torch.device | str, kernel: str | None = None) -> 
 @dataclass
 class PreparedLinear:
     """A linear ready for one kernel: ``__call__(x [t, in]) → [t, out]`` float32 (bfloat16 from the
-    native W4A16 kernel given bfloat16 input: it converts inside, saving two passes per call)."""
+    native W4A16 kernel given bfloat16 input: it converts inside, saving two passes per call).
+    With ``input_perm`` (int64 ``[in]``) it computes the linear of ``x[..., input_perm]`` (a layer's
+    input reorder); the native W4A4 kernel reads x through it, others gather first."""
 
     kind: str
     kernel: str
@@ -67,22 +70,34 @@ class PreparedLinear:
     fn: Callable[[torch.Tensor, Any], torch.Tensor]
     in_features: int
     out_features: int
+    input_perm: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
-        # the native A16 kernels take [..., in] in float32 or bf16 as they are (one call, no reshapes)
-        self._direct = None
+        perm = self.input_perm
+        if perm is not None:
+            if perm.shape != (self.in_features,) or perm.dtype.is_floating_point or perm.is_complex():
+                raise ValueError(f"input_perm must be integer [{self.in_features}], got {perm.dtype} {tuple(perm.shape)}")
+            if self.in_features and not (0 <= int(perm.min()) and int(perm.max()) < self.in_features):
+                raise ValueError(f"input_perm holds indices outside [0, {self.in_features})")
+            self.input_perm = perm.to(torch.int64).contiguous()
+        # the native kernels take [..., in] in float32 or bf16 as they are (one call, no reshapes)
+        self._direct, self._gathers = None, False
         if self.kind in ("w4a16", "w8a16") and isinstance(self.state, a16_gemm.A16Panels):
             self._direct = a16_gemm.run
         elif self.kind == "w4a16" and isinstance(self.state, w4_gemv.W4GemvPrepared):
             self._direct = w4_gemv.run
         elif self.kind == "w8a16" and isinstance(self.state, w8_gemv.W8GemvPrepared):
             self._direct = w8_gemv.run
+        elif self.kind == "w4a4" and isinstance(self.state, w4a4.W4A4GemmPrepared):
+            self._direct, self._gathers = functools.partial(w4a4.run_gemm, perm=self.input_perm), True
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.shape[1] != self.in_features:
             raise ValueError(f"{self.kind} linear expects [tokens, {self.in_features}] input, got {tuple(x.shape)}")
         if not x.is_floating_point():
             raise TypeError(f"activations must be floating point, got {x.dtype}")
+        if self.input_perm is not None:
+            x = x.index_select(1, self.input_perm)
         return self.fn(x, self.state)
 
     def batched(self, x: torch.Tensor) -> torch.Tensor:
@@ -91,6 +106,8 @@ class PreparedLinear:
             raise ValueError(f"{self.kind} linear expects [..., {self.in_features}] input, got {tuple(x.shape)}")
         if not x.is_floating_point():
             raise TypeError(f"activations must be floating point, got {x.dtype}")
+        if self.input_perm is not None and not self._gathers:
+            x = x.index_select(-1, self.input_perm)
         if self._direct is not None:
             y = self._direct(x, self.state)
         else:
@@ -99,14 +116,16 @@ class PreparedLinear:
 
 
 def prepare(p: LinearParams, device: torch.device | str = "cpu", kernel: str | None = None,
-            cpu_method: str | None = None) -> PreparedLinear:
+            cpu_method: str | None = None, input_perm: torch.Tensor | None = None) -> PreparedLinear:
     """Convert ``p`` once into the layout the chosen kernel wants. ``cpu_method`` picks the CPU
     kernel: lowbit's batched ``gemm`` or its GEMV ``native`` (the default is the one that wins on
     this build, see each kind's module), or for W8A8/W4A4 the ``float`` / ``int_mm`` routes to the
-    exact integer products, for W4A16 / W8A16 torch's ``int4pack`` / ``int8pack``."""
+    exact integer products, for W4A16 / W8A16 torch's ``int4pack`` / ``int8pack``. ``input_perm``:
+    see :class:`PreparedLinear`."""
     k = choose(p.kind, device, kernel)
     if k == "reference":
-        return PreparedLinear(p.kind, k, p.to(device), reference.linear, p.in_features, p.out_features)
+        return PreparedLinear(p.kind, k, p.to(device), reference.linear, p.in_features, p.out_features,
+                              None if input_perm is None else input_perm.to(device))
     mod = _CPU[p.kind] if k == "cpu" else _TRITON[p.kind]
     if k == "triton":
         state = mod.prepare(p, device)
@@ -116,7 +135,8 @@ def prepare(p: LinearParams, device: torch.device | str = "cpu", kernel: str | N
     else:
         state = mod.prepare(p)
         k = f"cpu:{state.method}" if hasattr(state, "method") else k
-    return PreparedLinear(p.kind, k, state, mod.run, p.in_features, p.out_features)
+    return PreparedLinear(p.kind, k, state, mod.run, p.in_features, p.out_features,
+                          None if input_perm is None else input_perm.to(device))
 
 
 def linear(x: torch.Tensor, p: LinearParams, kernel: str | None = None) -> torch.Tensor:

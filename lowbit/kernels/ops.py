@@ -49,17 +49,33 @@ def prepared(handle: str) -> PreparedLinear:
         raise KernelError(f"no prepared lowbit linear with handle {handle!r} (released, or from another process)") from None
 
 
-@torch.library.custom_op("lowbit::linear", mutates_args=())
 def linear(x: torch.Tensor, handle: str) -> torch.Tensor:
-    """``x [..., in]`` → ``[..., out]`` of x's dtype through the prepared linear ``handle``."""
+    """``x [..., in]`` → ``[..., out]`` of x's dtype through the prepared linear ``handle``: the
+    op's body, which eager callers may call directly (no dispatcher crossing; see :func:`call`)."""
     y = prepared(handle).batched(x)
     # a fresh contiguous tensor, as the fake promises (the native kernels may slice padded rows off)
     return y if y.is_contiguous() else y.contiguous()
 
 
-@linear.register_fake
+# Defined through torch.library.Library rather than the custom_op decorator: the same schema and
+# fake, at half the per-call cost (measured 11 against 22 µs on 2 loaded Zen 3 cores; a decode step
+# of the default model makes 120 calls). Not differentiable: the kernels are inference only.
+_LIB = torch.library.Library("lowbit", "DEF")
+_LIB.define("linear(Tensor x, str handle) -> Tensor")
+_LIB.impl("linear", linear, "CPU")
+
+
+@torch.library.register_fake("lowbit::linear", lib=_LIB)
 def _linear_fake(x: torch.Tensor, handle: str) -> torch.Tensor:
     p = prepared(handle)
     if x.dim() == 0 or x.shape[-1] != p.in_features:
         raise ValueError(f"{p.kind} linear expects [..., {p.in_features}] input, got {tuple(x.shape)}")
     return x.new_empty(*x.shape[:-1], p.out_features)
+
+
+def call(x: torch.Tensor, handle: str) -> torch.Tensor:
+    """What a layer's forward runs: the op inside a graph being compiled (so the graph holds it),
+    its body directly in eager mode (the same function, so the same bits, without the dispatcher)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.lowbit.linear(x, handle)
+    return linear(x, handle)

@@ -140,21 +140,19 @@ class LowbitLinearMethod(LinearMethodBase):
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         ql = layer.__dict__.pop("_lowbit_module")
-        prepared = prepare(from_quant_linear(ql), "cpu")
-        layer.lowbit_handle = ops.register(prepared, owner=layer)
+        # the input reorder goes with the prepared weights: W4A4's kernel reads x through it (no gather pass)
         perm = None if ql.input_perm is None else ql.input_perm.clone()
+        prepared = prepare(from_quant_linear(ql), "cpu", input_perm=perm)
+        layer.lowbit_handle = ops.register(prepared, owner=layer)
         for name, _ in list(ql.named_buffers()):
             del layer._parameters[name]
-        layer.register_buffer("lowbit_perm", perm, persistent=False)
         if (prepared.kind, prepared.kernel) not in _ANNOUNCED:
             _ANNOUNCED.add((prepared.kind, prepared.kernel))
             log.info("lowbit plugin: %s linears run on lowbit's %s kernel (first: %s)", prepared.kind,
                      prepared.kernel, self.prefix)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if layer.lowbit_perm is not None:
-            x = x.index_select(-1, layer.lowbit_perm)
-        y = torch.ops.lowbit.linear(x, layer.lowbit_handle)
+        y = ops.call(x, layer.lowbit_handle)  # torch.ops.lowbit.linear when compiled
         return y if bias is None else y + bias
 
     def tie_weights(self, layer: torch.nn.Module, embed_tokens: torch.nn.Module):

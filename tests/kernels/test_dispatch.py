@@ -58,3 +58,27 @@ def test_linear_one_shot_matches_prepared():
     p = from_float(torch.randn(24, 256), "w4a16")
     x = torch.randn(2, 256)
     assert torch.equal(linear(x, p), prepare(p, "cpu")(x))
+
+
+@pytest.mark.parametrize("kind,method,k", [("w4a4", "gemm", 16), ("w4a4", "native", 16), ("w4a16", None, 0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_input_perm_is_the_gathered_input_bit_for_bit(kind, method, k, dtype):
+    """A prepared linear with the layer's input reorder gives what gathering x first gives (the
+    W4A4 gemm kernel reads x through the permutation, the others gather), bias included."""
+    torch.manual_seed(3)
+    p = from_float(torch.randn(40, 256), kind, n_outliers=k, bias=torch.randn(40))
+    perm = torch.randperm(256)
+    plain, permuted = prepare(p, cpu_method=method), prepare(p, cpu_method=method, input_perm=perm)
+    x = torch.randn(2, 5, 256).to(dtype)
+    want = plain.batched(x.index_select(-1, perm))
+    got = permuted.batched(x)
+    assert got.dtype == want.dtype == dtype and torch.equal(got, want)
+    assert torch.equal(permuted(x[0]), plain(x[0].index_select(1, perm)))
+
+
+def test_input_perm_is_checked_once():
+    p = from_float(torch.randn(8, 64), "w4a4", n_outliers=0)
+    with pytest.raises(ValueError, match="outside"):
+        prepare(p, input_perm=torch.arange(64) + 1)
+    with pytest.raises(ValueError, match="integer"):
+        prepare(p, input_perm=torch.arange(32))

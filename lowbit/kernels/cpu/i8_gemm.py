@@ -34,6 +34,9 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.i8_gemm.restype = ci
     lib.i8_gemm_simd.restype = ci
     act_sym.bind(lib.i8_act_sym)
+    lib.i8_gemm_linear.argtypes = [vp, ci, vp, i32, i64, i64, i64, i64, vp, vp, i64, i64, i64, ci, ctypes.c_float, vp,
+                                   vp, ci, i64, vp, ci, ci]
+    lib.i8_gemm_linear.restype = ci
 
 
 _LIB = KernelLibrary("i8 gemm", "i8_gemm.c", _bind)
@@ -115,3 +118,47 @@ def run_codes(c: act_sym.NativeCodes, w: I8Panels, outliers: I8Panels | None = N
                          torch.get_num_threads()):
         raise MemoryError("i8 gemm: out of memory for its activation buffers")
     return y[:, :w.out] if out_pad != w.out else y
+
+
+
+def linear_args(w: I8Panels, outliers: I8Panels | None, n_outliers: int, n_in: int, bits: int, clip: float) -> tuple:
+    """The weight half of ``i8_gemm_linear``'s arguments (:func:`linear`), built once per layer: they
+    hold raw pointers, so whoever keeps the tuple keeps ``w`` and ``outliers`` too."""
+    n = n_in - n_outliers
+    if n < 0 or w.k_pad < n or w.group * w.scale.shape[1] < n or not 2 <= bits <= 8:
+        raise ValueError(f"i8 gemm: {n_in} inputs with {n_outliers} outliers do not fit panels over {w.k_pad} channels")
+    if n_outliers and (outliers is None or outliers.scale.shape[0] != w.scale.shape[0] or outliers.k_pad < n_outliers):
+        raise ValueError("i8 gemm: outlier panels do not match the weight")
+    o = outliers if n_outliers else None
+    return (w.panels.data_ptr(), int(w.nibbles), w.scale.data_ptr(), w.zero, PANEL * w.scale.shape[0], w.k_pad,
+            w.group, w.scale.shape[1], o.panels.data_ptr() if o else None, o.scale.data_ptr() if o else None,
+            o.k_pad if o else 0, n_in, n, bits, clip)
+
+
+def linear(x: torch.Tensor, args: tuple, out: int, perm: torch.Tensor | None = None, keep_bf16: bool = False,
+           lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """``x [..., n_in]`` (read as ``x[..., perm]`` when perm is given) → ``[..., out]`` float32 (no
+    bias): activation codes, both exact products and the rescale in one C call, the same bits as
+    :func:`act_codes` then :func:`run_codes`. With ``keep_bf16`` a bfloat16 ``x`` gives bfloat16,
+    rounded in C as torch's ``.to(torch.bfloat16)`` rounds (no conversion pass in torch)."""
+    lib = _built(lib)
+    n_in, out_pad = args[11], args[4]
+    if x.dim() == 0 or x.shape[-1] != n_in or not x.is_floating_point() or x.device.type != "cpu":
+        raise ValueError(f"i8 gemm: needs a floating-point CPU tensor [..., {n_in}], got {x.dtype} {tuple(x.shape)}")
+    if perm is not None and (perm.dtype != torch.int64 or tuple(perm.shape) != (n_in,) or not perm.is_contiguous()):
+        raise ValueError(f"i8 gemm: the input permutation must be contiguous int64 [{n_in}]")
+    if x.dtype != torch.bfloat16 and x.dtype != torch.float32:
+        x = x.float()
+    x = x.contiguous()
+    bf16 = int(x.dtype == torch.bfloat16)
+    y_bf16 = int(bf16 and keep_bf16)
+    y = torch.empty(*x.shape[:-1], out_pad, dtype=torch.bfloat16 if y_bf16 else torch.float32)
+    rc = lib.i8_gemm_linear(*args, None if perm is None else perm.data_ptr(), x.data_ptr(), bf16, x.numel() // n_in,
+                            y.data_ptr(), y_bf16, torch.get_num_threads())
+    if rc == -2:
+        raise ValueError("activations contain NaN or Inf: they have no integer code")
+    if rc == -3:
+        raise ValueError(f"i8 gemm: the input permutation holds an index outside [0, {n_in})")
+    if rc:
+        raise MemoryError("i8 gemm: out of memory for its activation buffers")
+    return y[..., :out] if out_pad != out else y

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from lowbit.formats.grid import to_groups
-from lowbit.kernels.cpu import i8_gemm, w4_gemv, w8_gemv
+from lowbit.kernels.cpu import a16_linear, i8_gemm, w4_gemv, w8_gemv
 from lowbit.kernels.cpu.method_choice import pick_method
 from lowbit.kernels.token_codes import IntActivation, quantize_tokens
 from lowbit.kernels.linear_params import ActSpec, KernelError, LinearParams
@@ -79,7 +79,16 @@ class W4A4GemmPrepared:
     n_outliers: int
     act: ActSpec
     bias: torch.Tensor | None
+    n_in: int
     method: str = "gemm"
+
+    def __post_init__(self) -> None:
+        # i8_gemm.linear's weight arguments, built once: a decode step calls every layer
+        self.args = i8_gemm.linear_args(self.normal, self.outlier, self.n_outliers, self.n_in, self.act.bits,
+                                        self.act.clip)
+
+    def __deepcopy__(self, memo):  # a copy gets its own tensors, so its own pointers
+        return a16_linear.copy_prepared(self, memo)
 
 
 def available() -> bool:
@@ -131,7 +140,7 @@ def _prepare_gemm(p: LinearParams, g: int) -> W4A4GemmPrepared:
     normal = i8_gemm.pack(p.codes, p.scale, 4, g if g != n else kp, kp)
     ko = -(-k // 4) * 4
     outlier = i8_gemm.pack(p.outlier, p.outlier_scale[:, None], 8, ko, ko) if k else None
-    return W4A4GemmPrepared(normal, outlier, k, p.act, p.bias)
+    return W4A4GemmPrepared(normal, outlier, k, p.act, p.bias, p.in_features)
 
 
 def _group_codes(a: IntActivation, w: W4A4Prepared) -> torch.Tensor:
@@ -191,10 +200,21 @@ def _run_native(x: torch.Tensor, w: W4A4NativePrepared) -> torch.Tensor:
     return y + w.bias if w.bias is not None else y
 
 
+def run_gemm(x: torch.Tensor, w: W4A4GemmPrepared, perm: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [..., in]`` (read as ``x[..., perm]`` when given) → ``[..., out]`` of x's dtype for
+    float32 and bfloat16 (others: float32): codes, both exact products and their rescales in one C
+    call (the bits of :func:`i8_gemm.act_codes` then :func:`i8_gemm.run_codes`), a bias added in
+    float32 before the rounding to bfloat16."""
+    y = i8_gemm.linear(x, w.args, w.normal.out, perm, keep_bf16=w.bias is None)
+    if w.bias is None:
+        return y
+    y = y + w.bias
+    return y.to(x.dtype) if x.dtype == torch.bfloat16 else y
+
+
 def run(x: torch.Tensor, w) -> torch.Tensor:
-    if w.method == "gemm":  # codes, both exact products and their float32 rescales in two C calls
-        c = i8_gemm.act_codes(x, w.n_outliers, w.normal, w.act.bits, w.act.clip)
-        y = i8_gemm.run_codes(c, w.normal, w.outlier)
+    if w.method == "gemm":  # codes, both exact products and their float32 rescales in one C call
+        y = i8_gemm.linear(x, w.args, w.normal.out)
         return y + w.bias if w.bias is not None else y
     if w.method == "native":
         return _run_native(x, w)

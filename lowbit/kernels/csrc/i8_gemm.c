@@ -227,3 +227,48 @@ int i8_gemm(const uint8_t *w, int nibbles, const float *sw, int32_t zero, int64_
 
 /* The integer kinds' activation codes (act_sym.h) for this library's callers. */
 ACT_SYM_EXPORT(i8_act_sym)
+
+/* One W8A8 / W4A4 linear, one crossing from Python (a decode step calls every layer): x [t, n_in]
+ * float32 (x_bf16 = 0) or bfloat16 (1), read through perm when it is not NULL (x[:, perm], the
+ * layer's input reorder: the same values, so the same codes), -> per-token codes as i8_act_sym
+ * (n normal channels in ng groups of `group` padded to kp, the last n_in - n as INT8 outliers) ->
+ * i8_gemm -> y [t, out] float32, or bfloat16 (y_bf16) rounded as torch's .to(bfloat16). wo NULL:
+ * no outlier panels. Returns 0, -1 if out of memory, -2 if a token has a NaN or Inf, -3 if perm
+ * holds an index outside [0, n_in). */
+int i8_gemm_linear(const uint8_t *w, int nibbles, const float *sw, int32_t zero, int64_t out, int64_t kp,
+                   int64_t group, int64_t ng, const uint8_t *wo, const float *swo, int64_t kpo, int64_t n_in,
+                   int64_t n, int bits, float clip, const int64_t *perm, const void *x, int x_bf16, int64_t t,
+                   void *y, int y_bf16, int threads) {
+    if (t <= 0) return 0;
+    for (int64_t j = 0; perm && j < n_in; j++)
+        if (perm[j] < 0 || perm[j] >= n_in) return -3;
+    const int64_t k = n_in - n;
+    const size_t esz = x_bf16 ? 2 : 4;
+    void *xg = perm ? malloc((size_t)(t * n_in) * esz) : NULL;
+    int16_t *xq = malloc((size_t)(t * kp + t * k + 1) * sizeof(int16_t));
+    float *sx = malloc((size_t)(t * ng + t) * sizeof(float));
+    int32_t *xsum = malloc((size_t)(t * ng) * sizeof(int32_t));
+    float *yf = y_bf16 ? malloc((size_t)(t * out) * sizeof(float)) : (float *)y;
+    int rc = -1;
+    if ((perm && !xg) || !xq || !sx || !xsum || !yf) goto done;
+    if (perm) {
+        for (int64_t i = 0; i < t; i++)
+            for (int64_t j = 0; j < n_in; j++)
+                memcpy((char *)xg + (i * n_in + j) * esz, (const char *)x + (i * n_in + perm[j]) * esz, esz);
+        x = xg;
+    }
+    int16_t *oq = xq + t * kp;
+    float *osx = sx + t * ng;
+    rc = -2;
+    if (act_sym_tokens(x, x_bf16, t, n_in, n, group, ng, kp, bits, clip, xq, sx, xsum, oq, osx)) goto done;
+    rc = -1;
+    if (i8_gemm(w, nibbles, sw, zero, out, kp, group, ng, xq, sx, t, k ? wo : NULL, swo, kpo, oq, k, osx, yf, threads))
+        goto done;
+    if (y_bf16)
+        for (int64_t i = 0; i < t * out; i++) ((uint16_t *)y)[i] = f32_to_bf16(yf[i]);
+    rc = 0;
+done:
+    free(xg), free(xq), free(sx), free(xsum);
+    if (y_bf16) free(yf);
+    return rc;
+}

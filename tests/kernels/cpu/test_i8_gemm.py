@@ -55,7 +55,7 @@ def test_w4a4_gemm_equals_gemv_and_portable_for_1_to_17_tokens(out, n, k, group,
 def test_thread_counts_and_zero_tokens():
     p = from_float(torch.randn(200, 300), "w4a4", group=64, n_outliers=12)
     st = w4a4.prepare(p, "gemm")
-    x = torch.randn(9, 312)
+    x = torch.randn(9, 300)  # 288 normal channels + 12 outliers
     y = w4a4.run(x, st)
     assert_same_for_thread_counts(lambda: w4a4.run(x, st), y)
     assert w4a4.run(x[:0], st).shape == (0, 200)
@@ -98,3 +98,40 @@ def test_default_method_follows_the_build():
     assert w4a4.prepare(p4).method == ("gemm" if simd else "native")
     expect8 = "gemm" if simd % 2 == 1 and not w8a8.int_mm_for_batches() else "native"
     assert w8a8.prepare(p8).method == expect8
+
+
+@pytest.mark.parametrize("out,n,k,group", [(37, 333, 13, 64), (48, 128, 0, 128), (96, 200, 32, 64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_call_linear_equals_codes_then_gemm_with_a_permutation(out, n, k, group, dtype):
+    """i8_gemm.linear (one C call: gather, codes, products, bf16 rounding) is act_codes on x[:, perm]
+    then run_codes, rounded by torch, in this build and the portable one, for 1..13 tokens."""
+    torch.manual_seed(out + n)
+    p = from_float(torch.randn(out, n + k), "w4a4", group=group, n_outliers=k, act_clip=0.9)
+    st = w4a4.prepare(p, "gemm")
+    perm = torch.randperm(n + k)
+    x = (torch.randn(13, n + k) * 3).to(dtype)
+    want = i8_gemm.run_codes(i8_gemm.act_codes(x.index_select(1, perm), k, st.normal, 4, 0.9), st.normal, st.outlier)
+    for lib in (None, _portable()):
+        y = i8_gemm.linear(x, st.args, out, perm, keep_bf16=True, lib=lib)
+        assert y.dtype == dtype and torch.equal(y, want.to(dtype)), lib
+        assert torch.equal(i8_gemm.linear(x, st.args, out, perm, lib=lib), want)  # float32 unless asked
+    for t in (1, 5, 7):
+        assert torch.equal(i8_gemm.linear(x[:t], st.args, out, perm), want[:t])
+    assert torch.equal(i8_gemm.linear(x.reshape(13, 1, n + k), st.args, out, perm), want.reshape(13, 1, out))
+
+
+def test_one_call_linear_refuses_bad_input_without_reading_it():
+    p = from_float(torch.randn(16, 128), "w4a4", group=64, n_outliers=8)
+    st = w4a4.prepare(p, "gemm")
+    bad = torch.arange(128)
+    bad[3] = 128
+    with pytest.raises(ValueError, match="outside"):
+        i8_gemm.linear(torch.randn(2, 128), st.args, 16, bad)
+    with pytest.raises(ValueError, match="int64"):
+        i8_gemm.linear(torch.randn(2, 128), st.args, 16, torch.arange(128, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"\[\.\.\., 128\]"):
+        i8_gemm.linear(torch.randn(2, 120), st.args, 16)
+    with pytest.raises(ValueError, match="NaN"):
+        i8_gemm.linear(torch.full((1, 128), float("inf")), st.args, 16)
+    with pytest.raises(ValueError, match="outlier panels"):
+        i8_gemm.linear_args(st.normal, None, 8, 128, 4, 1.0)
