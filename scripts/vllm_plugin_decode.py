@@ -1,12 +1,14 @@
 """Decode tok/s of vLLM's offline ``LLM.generate`` on the default model: vLLM BF16 against lowbit's
 W4A4 and W4A16 checkpoints through the lowbit plugin, one vLLM process, engines one after the other.
 
-    python scripts/vllm_plugin_decode.py --work DIR [--batches 1 16] [--repeats 3] [--json OUT]
+    python scripts/vllm_plugin_decode.py --work DIR [--batches 1 16] [--repeats 3] [--formats ...] [--json OUT]
 
 DIR receives the float folder and the two checkpoints (quantized once, round-to-nearest: the
 kernels' speed does not depend on GPTQ); later runs reuse them. Prompts are 128-token WikiText-2
 test windows, 64 new tokens, no early stop; decode tok/s = batch x 63 / (time for 64 tokens - time
-for 1 token), medians of the repeats. All engines: bf16, eager (``enforce_eager=True``). Each
+for 1 token), medians of the repeats; ratios are against vLLM BF16 when it ran (``--formats`` picks
+engines: on CPUs where vLLM's BF16 linears fall back to torch's ``F.linear``, as on AVX2 without
+oneDNN, BF16 alone takes tens of minutes). All engines: bf16, eager (``enforce_eager=True``). Each
 decode step is split into vLLM's linear layers (every ``apply``: lowbit's op with its input gather,
 vLLM's own GEMMs, the LM head) and the rest (attention, norms, sampling, scheduling), timed the same
 way: ms per step = (median time for 64 tokens - median for 1) / 63.
@@ -23,6 +25,9 @@ from pathlib import Path
 import torch
 
 PROMPT, NEW = 128, 64
+# --formats name: (folder under --work, vllm.LLM's extra arguments)
+ENGINES = {"bf16": ("float", {}), "w4a4": ("w4a4", {"quantization": "lowbit"}),
+           "w4a16": ("w4a16", {"quantization": "lowbit"})}
 
 
 def _checkpoints(work: Path):
@@ -51,6 +56,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--formats", nargs="+", choices=list(ENGINES), default=list(ENGINES))
     args = ap.parse_args()
     from lowbit.bench.vllm_engine import find_python
     from lowbit.io.atomic import write_json
@@ -58,8 +64,8 @@ def main() -> None:
 
     args.work.mkdir(parents=True, exist_ok=True)
     prompts = _checkpoints(args.work)[: max(args.batches)].tolist()
-    engines = {"vLLM bf16": {}, "plugin w4a4": {"quantization": "lowbit"}, "plugin w4a16": {"quantization": "lowbit"}}
-    folders = {"vLLM bf16": "float", "plugin w4a4": "w4a4", "plugin w4a16": "w4a16"}
+    engines = {n: ENGINES[n][1] for n in args.formats}
+    folders = {n: ENGINES[n][0] for n in args.formats}
     job = {"kind": "decode", "prompts": prompts, "batches": args.batches, "new": NEW, "repeats": args.repeats,
            "split": True}
     req = {"engines": [{"llm": {"model": str(args.work / folders[n]), "dtype": "bfloat16", "enforce_eager": True,
@@ -74,10 +80,10 @@ def main() -> None:
             rows.append({"format": name, "batch": r["batch"], "decode_tok_s": r["batch"] * (NEW - 1) / step,
                          "step_ms": 1e3 * step / (NEW - 1), "linear_ms": 1e3 * lin / (NEW - 1),
                          "rest_ms": 1e3 * (step - lin) / (NEW - 1), **r})
-    bf16 = {r["batch"]: r["decode_tok_s"] for r in rows if r["format"] == "vLLM bf16"}
+    bf16 = {r["batch"]: r["decode_tok_s"] for r in rows if r["format"] == "bf16"}
     print("| format | " + " | ".join(f"batch {b} tok/s (vs bf16); ms/step: linears + rest" for b in args.batches) + " |")
     for name in engines:
-        cells = [f"{r['decode_tok_s']:.1f} ({r['decode_tok_s'] / bf16[r['batch']]:.2f}x); "
+        cells = [f"{r['decode_tok_s']:.1f} ({r['decode_tok_s'] / bf16[r['batch']] if bf16 else float('nan'):.2f}x); "
                  f"{r['linear_ms']:.1f} + {r['rest_ms']:.1f}" for r in rows if r["format"] == name]
         print(f"| {name} | " + " | ".join(cells) + " |")
     if args.json:
