@@ -73,3 +73,17 @@ def test_handle_released_with_owner_and_unknown_handle_is_clear():
         torch.ops.lowbit.linear(torch.randn(1, 64), h)
     with pytest.raises(TypeError, match="PreparedLinear"):
         ops.register(object())
+
+
+def test_call_is_the_op_in_eager_and_in_a_compiled_graph():
+    """ops.call (what the vLLM plugin's layers run): the op's body directly in eager mode, the op
+    itself while torch.compile traces, the same bits either way, the permutation included."""
+    torch.manual_seed(2)
+    pl = prepare(from_float(torch.randn(48, 192), "w4a4", n_outliers=16), input_perm=torch.randperm(192))
+    owner = Holder()
+    h = ops.register(pl, owner)
+    x = torch.randn(5, 192).to(torch.bfloat16)
+    want = torch.ops.lowbit.linear(x, h)
+    assert torch.equal(ops.call(x, h), want) and torch.equal(want, pl.batched(x))
+    compiled = torch.compile(lambda x: ops.call(x, h) * 1, fullgraph=True, backend="inductor")
+    assert torch.equal(compiled(x), want)
