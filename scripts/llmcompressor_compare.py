@@ -64,9 +64,9 @@ def _make_float(work: Path, n_calib: int, seqlen_calib: int):
     return base, tok, calib, calib_path
 
 
-def _make_llmc(work: Path, python: str, calib_path: Path, timeout: float) -> dict:
+def _make_llmc(work: Path, python: str, calib_path: Path, timeout: float, recipes: list[str]) -> dict:
     times = {}
-    for recipe in LLMC:
+    for recipe in recipes:
         out = work / f"llmc-{recipe}"
         if (out / "config.json").exists():
             continue
@@ -82,13 +82,14 @@ def _make_llmc(work: Path, python: str, calib_path: Path, timeout: float) -> dic
     return times
 
 
-def _make_lowbit(work: Path, base, tok, calib) -> dict:
+def _make_lowbit(work: Path, base, tok, calib, names: list[str]) -> dict:
     from lowbit.export import export_compressed_tensors
     from lowbit.quantize import get_scheme, quantize_model
     from lowbit.quantize.overrides import apply_overrides
 
     times = {}
-    for name, (preset, sets) in LOWBIT.items():
+    for name in names:
+        preset, sets = LOWBIT[name]
         out = work / f"lowbit-{name}"
         if (out / "config.json").exists():
             continue
@@ -107,7 +108,7 @@ def _versions(python: str) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {"error": r.stderr[-500:]}
 
 
-def _rows(folders: dict[str, Path], result: dict, n_windows: int) -> list[dict]:
+def _rows(folders: dict[str, Path], result: dict) -> list[dict]:
     rows = []
     for name, eng in zip(folders, result["engines"]):
         row = {"checkpoint": name, "tool": name.split("-")[0], "scheme": "float" if name == "float" else
@@ -141,8 +142,14 @@ def main() -> None:
     ap.add_argument("--seqlen", type=int, default=512)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--llmc-recipes", default=",".join(LLMC), help="comma list of " + ", ".join(LLMC))
+    ap.add_argument("--lowbit-schemes", default=",".join(LOWBIT), help="comma list of " + ", ".join(LOWBIT))
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    recipes, schemes = args.llmc_recipes.split(","), args.lowbit_schemes.split(",")
+    bad = [r for r in recipes if r not in LLMC] + [s for s in schemes if s not in LOWBIT]
+    if bad:
+        ap.error(f"unknown recipe or scheme: {', '.join(bad)}")
     from lowbit.bench.vllm_engine import find_python
     from lowbit.eval.windows import eval_windows
     from lowbit.io.atomic import write_json
@@ -154,12 +161,12 @@ def main() -> None:
     n, s = (int(v) for v in args.calib.lower().split("x"))
     load_before = os.getloadavg()
     base, tok, calib, calib_path = _make_float(args.work, n, s)
-    quantize_s = _make_llmc(args.work, args.llmc_python, calib_path, timeout=3600)
-    quantize_s |= _make_lowbit(args.work, base, tok, calib)
+    quantize_s = _make_llmc(args.work, args.llmc_python, calib_path, 3600, recipes)
+    quantize_s |= _make_lowbit(args.work, base, tok, calib, schemes)
     folders = {"float": args.work / "float"}
     for scheme in ("w8a8", "w4a16"):
-        folders |= {f"llmc-{r}": args.work / f"llmc-{r}" for r in LLMC if r.startswith(scheme + "-")}
-        folders |= {f"lowbit-{r}": args.work / f"lowbit-{r}" for r in LOWBIT if r.startswith(scheme + "-")}
+        folders |= {f"llmc-{r}": args.work / f"llmc-{r}" for r in recipes if r.startswith(scheme + "-")}
+        folders |= {f"lowbit-{r}": args.work / f"lowbit-{r}" for r in schemes if r.startswith(scheme + "-")}
     windows = eval_windows(tok, "wikitext2", args.seqlen, args.windows).tolist()
     prompts = eval_windows(tok, "wikitext2", PROMPT, max(args.batches)).tolist()
     jobs = [{"kind": "nll", "windows": windows},
@@ -169,7 +176,7 @@ def main() -> None:
     t0 = time.perf_counter()
     result = run({"engines": [{"llm": {"model": str(f), **llm}, "jobs": jobs} for f in folders.values()]},
                  timeout=6 * 3600, python=vllm_python)
-    rows = _rows(folders, result, args.windows)
+    rows = _rows(folders, result)
     meta = {"vllm": result["vllm"], "llmcompressor_env": _versions(args.llmc_python), "calib": args.calib,
             "windows": args.windows, "seqlen": args.seqlen, "batches": args.batches, "repeats": args.repeats,
             "quantize_s": quantize_s, "vllm_s": time.perf_counter() - t0, "load_avg_before": load_before,
