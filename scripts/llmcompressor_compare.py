@@ -146,7 +146,7 @@ def main() -> None:
     ap.add_argument("--lowbit-schemes", default=",".join(LOWBIT), help="comma list of " + ", ".join(LOWBIT))
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    recipes, schemes = args.llmc_recipes.split(","), args.lowbit_schemes.split(",")
+    recipes, schemes = ([x for x in v.split(",") if x] for v in (args.llmc_recipes, args.lowbit_schemes))
     bad = [r for r in recipes if r not in LLMC] + [s for s in schemes if s not in LOWBIT]
     if bad:
         ap.error(f"unknown recipe or scheme: {', '.join(bad)}")
