@@ -1,8 +1,9 @@
 """``lowbit bench serve``: the default model served by vLLM's OpenAI-compatible server (``vllm
-serve``) in each format (BF16, and lowbit's W8A8 and W4A16 exports; more by
-:func:`.serve_formats.register_format`), under a streaming client at each concurrency level, next
-to lowbit's own ``generate`` loop on the same checkpoints and requests (static batches of the same
-size). Reported per format, engine and concurrency: output tokens/s, TTFT and inter-token latency
+serve``) in each format (BF16, lowbit's W8A8 and W4A16 exports on vLLM's kernels, lowbit's
+checkpoints through its vLLM plugin: :mod:`.serve_formats`), under a streaming client at each
+concurrency level, next to lowbit's own ``generate`` loop on the same checkpoints and requests
+(static batches of the same size; once per checkpoint: ``plugin-w4a16`` shares ``w4a16``'s).
+Reported per format, engine and concurrency: output tokens/s, TTFT and inter-token latency
 (p50/p99) and the peak resident memory of the serving process tree; as a table, ``serve.json``
 and ``serve.png`` (output tokens/s against concurrency, Atom's Figure 10).
 
@@ -105,6 +106,7 @@ def _run(args) -> int:
         _finish_rows(rows, order)
         write_json(args.out / "serve.json", {"meta": meta | {"complete": False}, "rows": rows})  # so far
 
+    looped: dict[Path, str] = {}  # lowbit folder -> the format whose lowbit rows ran on it
     with tempfile.TemporaryDirectory(prefix="lowbit-serve-") as tmp:
         for fmt in formats:
             ckpt = fmt.make(source, Path(tmp) / fmt.name)
@@ -112,7 +114,10 @@ def _run(args) -> int:
             pts, meta_engines[f"vllm/{fmt.name}"] = vllm_points(python, fmt, ckpt.vllm, requests, counts, args,
                                                                 logs / f"vllm-{fmt.name}.log")
             add("vllm", fmt, pts)
-            if "lowbit" in engines and ckpt.lowbit is not None:
+            if "lowbit" in engines and ckpt.lowbit in looped:  # plugin-w4a16 after w4a16: the same checkpoint
+                meta_engines[f"lowbit/{fmt.name}"] = {"same_checkpoint_as": f"lowbit/{looped[ckpt.lowbit]}"}
+            elif "lowbit" in engines and ckpt.lowbit is not None:
+                looped[ckpt.lowbit] = fmt.name
                 console.print(f"{fmt.name}: lowbit's generate loop", highlight=False)
                 pts, meta_engines[f"lowbit/{fmt.name}"] = lowbit_points(ckpt.lowbit, requests, counts, args,
                                                                         logs / f"lowbit-{fmt.name}.log", Path(tmp))

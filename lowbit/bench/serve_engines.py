@@ -33,9 +33,16 @@ def vllm_env(threads: int, kv_cache_gib: int, extra: dict[str, str]) -> dict[str
     from .vllm_worker import ENGINE_ENV
 
     env = dict(os.environ) | ENGINE_ENV | {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)} | extra
+    env["PYTHONPATH"] = _this_lowbit_first(env.get("PYTHONPATH", ""))  # vLLM loads this lowbit's plugin
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     return env
+
+
+def _this_lowbit_first(pythonpath: str) -> str:
+    import lowbit
+
+    return os.pathsep.join([str(Path(lowbit.__file__).resolve().parents[1]), pythonpath])
 
 
 def _get_json(url: str) -> dict:
@@ -85,14 +92,12 @@ def _check(server: ServerProcess, c: int, res: dict) -> None:
 def lowbit_points(folder: Path, requests: list[dict], counts: dict[int, int], args, log: Path,
                   tmp: Path) -> tuple[list[dict], dict]:
     """lowbit's loop on ``folder`` in a child process, the same requests as static batches."""
-    import lowbit
-
     req_path, res_path = tmp / "lowbit-request.json", tmp / "lowbit-result.json"
     req_path.write_text(json.dumps({"model": str(folder), "kernel": args.kernel, "native": not args.stock_ops,
                                     "threads": args.threads, "requests": requests, "budget_s": args.budget,
                                     "concurrency": args.concurrency, "counts": {str(k): v for k, v in counts.items()}}))
     env = dict(os.environ)  # the child imports this lowbit, not another installed one
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(lowbit.__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = _this_lowbit_first(env.get("PYTHONPATH", ""))
     job = ServerProcess([sys.executable, "-m", "lowbit.bench.serve_lowbit_worker", str(req_path), str(res_path)],
                         log, env, name=f"lowbit's loop ({folder.name})")
     job.start()

@@ -1,8 +1,12 @@
 """What ``lowbit bench serve`` can serve: a format is a checkpoint maker and vLLM's arguments.
 
 A maker turns the float model into folders on disk: the one ``vllm serve`` loads and, where lowbit
-runs the same weights itself, the one ``load_model`` opens for lowbit's own loop. Formats for
-other vLLM integrations (``--quantization ...``) are added with :func:`register_format`.
+runs the same weights itself, the one ``load_model`` opens for lowbit's own loop. Three families:
+``bf16`` (the float model, vLLM's own BF16 linears), ``w8a8``/``w4a16`` (lowbit's checkpoints
+exported to compressed-tensors: vLLM's own INT kernels) and ``plugin-*`` (lowbit's checkpoint
+folder itself, ``--quantization lowbit``: lowbit's kernels inside vLLM). ``plugin-w8a8`` and
+``plugin-w4a16`` serve the very checkpoints ``w8a8`` and ``w4a16`` export (quantized once per
+run), so the two rows differ only in whose kernels run. More with :func:`register_format`.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ class Source:
     model: object
     tokenizer: object
     calib_ids: object
+    made: dict = field(default_factory=dict)  # lowbit scheme -> (folder, quantized model): one quantization per run
 
 
 @dataclass(frozen=True)
@@ -42,16 +47,35 @@ def _float(src: Source, out: Path) -> Checkpoints:
     return Checkpoints(vllm=out, lowbit=out)
 
 
-def _exported(fmt: str) -> Callable[[Source, Path], Checkpoints]:
-    def make(src: Source, out: Path) -> Checkpoints:
+def _lowbit(src: Source, scheme: str, out: Path) -> tuple[Path, object]:
+    """lowbit's checkpoint of ``scheme`` (a :data:`.vllm_exports.VLLM_SCHEMES` key): written to
+    ``out`` the first time a run asks for it, the earlier folder after that."""
+    if scheme not in src.made:
         from lowbit.checkpoint import save_quantized
 
-        from .vllm_exports import export_for_vllm, quantize_for_vllm
+        from .vllm_exports import quantize_for_vllm
 
-        model = quantize_for_vllm(src.model, fmt, src.calib_ids)
-        save_quantized(model, out / "lowbit", src.tokenizer)
+        model = quantize_for_vllm(src.model, scheme, src.calib_ids)
+        save_quantized(model, out, src.tokenizer)
+        src.made[scheme] = (out, model)
+    return src.made[scheme]
+
+
+def _exported(fmt: str) -> Callable[[Source, Path], Checkpoints]:
+    def make(src: Source, out: Path) -> Checkpoints:
+        from .vllm_exports import export_for_vllm
+
+        folder, model = _lowbit(src, fmt, out / "lowbit")
         export_for_vllm(model, src.tokenizer, out / "compressed-tensors")
-        return Checkpoints(vllm=out / "compressed-tensors", lowbit=out / "lowbit")
+        return Checkpoints(vllm=out / "compressed-tensors", lowbit=folder)
+
+    return make
+
+
+def _plugin(scheme: str) -> Callable[[Source, Path], Checkpoints]:
+    def make(src: Source, out: Path) -> Checkpoints:
+        folder, _ = _lowbit(src, scheme, out / "lowbit")
+        return Checkpoints(vllm=folder, lowbit=folder)
 
     return make
 
@@ -65,8 +89,16 @@ def register_format(fmt: ServeFormat) -> ServeFormat:
     return fmt
 
 
-register_format(ServeFormat("bf16", _float, about="the float model, served in bf16"))
+register_format(ServeFormat("bf16", _float, about="the float model, served in bf16 by vLLM's own linears"))
 register_format(ServeFormat("w8a8", _exported("w8a8"),
-                            about="lowbit W8A8 (SmoothQuant, RTN) exported to compressed-tensors int-quantized"))
+                            about="lowbit W8A8 (SmoothQuant, RTN) exported to compressed-tensors int-quantized: vLLM's own INT8 kernel"))
 register_format(ServeFormat("w4a16", _exported("w4a16"),
-                            about="lowbit W4A16 g64 (RTN) exported to compressed-tensors pack-quantized"))
+                            about="lowbit W4A16 g64 (RTN) exported to compressed-tensors pack-quantized: vLLM's own W4A16 kernel"))
+PLUGIN = ("--quantization", "lowbit")
+register_format(ServeFormat("plugin-w8a8", _plugin("w8a8"), PLUGIN,
+                            about="w8a8's lowbit checkpoint served as it is by lowbit's vLLM plugin (lowbit's kernels)"))
+register_format(ServeFormat("plugin-w4a16", _plugin("w4a16"), PLUGIN,
+                            about="w4a16's lowbit checkpoint served as it is by lowbit's vLLM plugin (lowbit's kernels)"))
+register_format(ServeFormat("plugin-w4a4", _plugin("w4a4"), PLUGIN,
+                            about="lowbit W4A4 (Atom: 64 INT8 outlier channels, reorder, g128; RTN) "
+                                  "served by lowbit's vLLM plugin; vLLM has no W4A4 kernel of its own"))

@@ -1,10 +1,13 @@
-"""The lowbit schemes that vLLM's CPU build serves, and a quantize-then-export helper.
+"""The lowbit schemes that ``lowbit bench serve`` quantizes for vLLM's CPU build, and a
+quantize-then-export helper.
 
 vLLM 0.32's CPU kernels take W8A8 (INT8 weights per channel, dynamic per-token INT8 activations)
 and W4A16 with whole groups; the default model's width 576 is no multiple of 128 (the w4a16
 preset's group), so W4A16 exports with groups of 64. vLLM's CPU build serves only a float LM head
 (the w4a16 preset's INT8 head is left float here). Speed does not depend on the weight values, so
-RTN (no GPTQ) is used: it quantizes in seconds.
+RTN (no GPTQ) is used: it quantizes in seconds. W4A4 (the Atom preset: INT8 outlier channels,
+reorder, groups of 128) has no compressed-tensors form vLLM runs; it is served through lowbit's
+vLLM plugin only, from lowbit's own checkpoint folder.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 VLLM_SCHEMES: dict[str, tuple[str, list[str]]] = {
     "w8a8": ("w8a8", ["lm_head.bits=16"]),
     "w4a16": ("w4a16", ["weights.group_size=64", "lm_head.bits=16", "gptq.enabled=false"]),
+    "w4a4": ("w4a4", ["gptq.enabled=false", "weights.clip_search=false"]),
 }
 
 

@@ -148,12 +148,15 @@ def _tp_decode(kinds) -> None:
 
 
 def _serve(kinds) -> None:
-    p = kinds.add_parser("serve", help="vLLM's server (bf16, lowbit's W8A8/W4A16 exports) under a streaming client vs lowbit's loop",
+    p = kinds.add_parser("serve", help="vLLM's server (bf16, lowbit's W8A8/W4A16 exports, lowbit's plugin) under a "
+                                       "streaming client vs lowbit's loop",
                          description="Starts `vllm serve` per format on 127.0.0.1, sends real-text requests at each "
                                      "concurrency (streaming), and runs lowbit's generate loop on the same checkpoints and "
                                      "requests as static batches. Writes serve.json, serve.png and the servers' logs to --out.")
     p.add_argument("--model", default="default")
-    p.add_argument("--formats", default=",".join(serve.FORMATS), help="comma list of " + ", ".join(serve.FORMATS))
+    p.add_argument("--formats", default=",".join(serve.FORMATS),
+                   help="comma list of: " + "; ".join(f"{name} = {f.about}" for name, f in serve.FORMATS.items())
+                        + " (default: all)")
     p.add_argument("--concurrency", type=int_list, default="1,4,16,64", help="concurrent requests per level (lowbit: batch)")
     p.add_argument("--requests", type=nonneg_int, default=0,
                    help="requests per level (0: twice the concurrency, at least 8); never fewer than the concurrency")

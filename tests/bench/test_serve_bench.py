@@ -167,6 +167,31 @@ def test_bad_arguments_are_refused(tmp_path):
     assert main(["bench", "serve", "--new-min", "9", "--new-max", "8", "--out", str(tmp_path)]) == 2
 
 
+def test_plugin_formats_serve_the_lowbit_checkpoint_the_exports_come_from(tmp_path):
+    """plugin-w4a16 serves w4a16's lowbit folder itself (quantized once) with ``--quantization lowbit``;
+    w4a16 serves the compressed-tensors export of it; plugin-w4a4 is the Atom scheme."""
+    import torch
+
+    from lowbit.bench.serve_engines import vllm_argv
+    from lowbit.bench.serve_formats import FORMATS, Source
+    from lowbit.checkpoint.opener import CONFIG_NAME
+    from tests.tiny_models import tiny_model
+
+    src = Source(tiny_model("llama", hidden_size=128, intermediate_size=256), None, torch.randint(0, 128, (2, 32)))
+    exported = FORMATS["w4a16"].make(src, tmp_path / "w4a16")
+    plugin = FORMATS["plugin-w4a16"].make(src, tmp_path / "plugin-w4a16")
+    assert plugin.vllm == plugin.lowbit == exported.lowbit and not (tmp_path / "plugin-w4a16").exists()
+    assert "quantization_config" in json.loads((exported.vllm / "config.json").read_text())
+    scheme = json.loads((plugin.vllm / CONFIG_NAME).read_text())["scheme"]
+    assert scheme["weights"]["bits"] == 4 and scheme["weights"]["group_size"] == 64
+    w4a4 = FORMATS["plugin-w4a4"].make(src, tmp_path / "plugin-w4a4")
+    scheme = json.loads((w4a4.vllm / CONFIG_NAME).read_text())["scheme"]
+    assert scheme["activations"]["bits"] == 4 and scheme["outliers"]["count"] > 0 and not scheme["gptq"]["enabled"]
+    for name, fmt in FORMATS.items():
+        argv = vllm_argv("python", Path("m"), 1, name, 64, 1, True, fmt.vllm_args)
+        assert (argv[-2:] == ["--quantization", "lowbit"]) == name.startswith("plugin-"), name
+
+
 def test_a_python_without_vllm_is_named(monkeypatch, tmp_path, capsys):
     try:
         import vllm  # noqa: F401
@@ -198,23 +223,29 @@ def test_a_hanging_worker_is_stopped_by_its_time_limit(tmp_path):
 
 @pytest.mark.model
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # quantize, export, start `vllm serve` (eager) and lowbit's loop, on two shared cores
+@pytest.mark.timeout(1200)  # quantize, export, start `vllm serve` (eager) twice and lowbit's loop, on two shared cores
 def test_serve_small_real_run(tmp_path):
+    """vLLM's own W4A16 kernel and lowbit's plugin on the same weights, and lowbit's loop once for both."""
     try:
         find_python()
     except VLLMUnavailable as e:
         pytest.skip(str(e))
-    rc = main(["bench", "serve", "--formats", "w4a16", "--concurrency", "1,2", "--requests", "2", "--prompt-max", "16",
-               "--new-min", "2", "--new-max", "4", "--calib", "1x32", "--eager", "--out", str(tmp_path)])
+    rc = main(["bench", "serve", "--formats", "w4a16,plugin-w4a16", "--concurrency", "1,2", "--requests", "2",
+               "--prompt-max", "16", "--new-min", "2", "--new-max", "4", "--calib", "1x32", "--eager",
+               "--out", str(tmp_path)])
     assert rc == 0
     data = json.loads((tmp_path / "serve.json").read_text())
     rows = data["rows"]
     assert {(r["engine"], r["format"], r["concurrency"]) for r in rows} == {
-        (e, "w4a16", c) for e in ("vllm", "lowbit") for c in (1, 2)}
+        (e, f, c) for e, f in (("vllm", "w4a16"), ("lowbit", "w4a16"), ("vllm", "plugin-w4a16")) for c in (1, 2)}
     for r in rows:
         assert r["requests"] == 2 and r["failed"] == 0 and r["output_tokens"] >= 4 and r["output_tok_s"] > 0
         assert r["ttft_p50_ms"] > 0 and r["itl_p50_ms"] is not None and r["peak_rss_bytes"] > 100 << 20
     engines = data["meta"]["engines"]
-    assert engines["vllm/w4a16"]["vllm"] and engines["vllm/w4a16"]["ready_s"] > 0
-    assert len(engines["vllm/w4a16"]["pids"]) >= 2 and _gone(engines["vllm/w4a16"]["pids"])  # API server + engine core
+    for fmt in ("w4a16", "plugin-w4a16"):
+        assert engines[f"vllm/{fmt}"]["vllm"] and engines[f"vllm/{fmt}"]["ready_s"] > 0
+        assert len(engines[f"vllm/{fmt}"]["pids"]) >= 2 and _gone(engines[f"vllm/{fmt}"]["pids"])  # API server + engine core
+    assert engines["lowbit/plugin-w4a16"] == {"same_checkpoint_as": "lowbit/w4a16"}
+    plugin_log = Path(engines["vllm/plugin-w4a16"]["log"]).read_text()
+    assert "lowbit plugin" in plugin_log and "--quantization" in engines["vllm/plugin-w4a16"]["argv"]
     assert data["meta"]["machine"]["cpu"]["model"] and (tmp_path / "serve.png").stat().st_size > 0
