@@ -56,15 +56,12 @@ class Adapter:
     def layers(self, model: nn.Module) -> nn.ModuleList:
         return get_path(model, self.arch.layers)
 
-    def _experts_parent(self) -> str:
-        return self.arch.experts.experts.rpartition(".")[0]
-
     def has_experts(self, layer: nn.Module) -> bool:
         """Whether this decoder layer's MLP is a mixture of experts (Qwen3-MoE mixes in dense ones)."""
         if not self.is_moe:
             return False
         try:
-            mod = get_path(layer, self._experts_parent())
+            mod = get_path(layer, self.arch.experts.parent)
         except (AttributeError, IndexError):
             return False
         return hasattr(mod, "gate_up_proj") or hasattr(mod, "experts")
@@ -75,7 +72,7 @@ class Adapter:
             return
         from lowbit.nn.experts import UnfusedExperts
 
-        parent = self._experts_parent()
+        parent = self.arch.experts.parent
         for layer in self.layers(model):
             if not self.has_experts(layer):
                 continue
@@ -92,9 +89,8 @@ class Adapter:
                            InputGroup([a.mlp_out], stage=3)]
         ex = a.experts
         n = len(get_path(layer, ex.experts))
-        ups = [f"{ex.experts}.{e}.{ex.gate_up}" for e in range(n)]
-        downs = [InputGroup([f"{ex.experts}.{e}.{ex.down}"], stage=3) for e in range(n)]
-        return attn + [InputGroup(ups, a.mlp_norm, extra=[ex.router], stage=2)] + downs
+        downs = [InputGroup([d], stage=3) for d in ex.downs(n)]
+        return attn + [InputGroup(ex.gate_ups(n), a.mlp_norm, extra=[ex.router], stage=2)] + downs
 
 
 def check_supported(model_type: str | None) -> None:

@@ -27,6 +27,22 @@ class Experts:
     gate_up: str = "gate_up_proj"  # each expert's input linear, fed by the MLP norm
     down: str = "down_proj"  # each expert's output linear
     router: str = "mlp.gate.weight"  # float weight whose columns follow the norm's permutation
+    # how a Hugging Face checkpoint stores them (read by a tensor-parallel rank): expert e's gate,
+    # up and down weights are ``{stored}.{e}.{name}.weight``, the router ``stored_router``
+    stored: str = "mlp.experts"
+    stored_parts: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    stored_router: str = "mlp.gate.weight"
+
+    @property
+    def parent(self) -> str:
+        """The module that holds the experts (``mlp.experts``), called with the routed tokens."""
+        return self.experts.rpartition(".")[0]
+
+    def gate_ups(self, n: int) -> list[str]:
+        return [f"{self.experts}.{e}.{self.gate_up}" for e in range(n)]
+
+    def downs(self, n: int) -> list[str]:
+        return [f"{self.experts}.{e}.{self.down}" for e in range(n)]
 
 
 @dataclass(frozen=True)
@@ -39,7 +55,11 @@ class Architecture:
     One path in ``attention`` / ``mlp_in`` is a fused projection (Phi-3: rows q|k|v, gate|up),
     quantized as one linear. Column-parallel (split by output rows): ``attention`` (by heads) and
     ``mlp_in`` (by MLP rows); row-parallel (split by input columns, outputs summed):
-    ``attention_out`` and ``mlp_out``. ``tp_missing`` / ``rotation_missing``: what tensor
+    ``attention_out`` and ``mlp_out``; in an MoE layer every expert's gate/up (by its MLP rows)
+    and down (by the same columns), the router replicated, the experts' partial sum all-reduced once.
+    ``whole_qk_norms``: norms over the whole projected q and k (all heads together, OLMo 2),
+    split with their projections' rows, their sums of squares summed across ranks.
+    ``tp_missing`` / ``rotation_missing``: what tensor
     parallelism / the rotation pre-pass lacks for this model (None: supported).
     """
 
@@ -53,6 +73,7 @@ class Architecture:
     mlp_out: str = "mlp.down_proj"
     norm_offset: float = 0.0  # norms compute x̂ · (offset + w) (Gemma: 1)
     experts: Experts | None = None
+    whole_qk_norms: tuple[str, str] | None = None
     tp_missing: str | None = None
     rotation_missing: str | None = None
 
@@ -75,7 +96,6 @@ class Architecture:
         return self.attention_out, self.mlp_out
 
 
-_MOE_TP = "it has mixture-of-experts layers and the shard plan splits dense MLPs only"
 _POST_NORMS = ("it normalises the attention and MLP outputs before the residual add, and a rotated "
                "residual stream does not commute with those norms' per-channel scales")
 _GEMMA = dict(mlp_norm="pre_feedforward_layernorm", norm_offset=1.0, rotation_missing=_POST_NORMS)
@@ -90,12 +110,11 @@ ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (
     Architecture("gemma3_text", **_GEMMA),  # + per-head q/k norms
     Architecture("phi3", attention=("self_attn.qkv_proj",), mlp_in=("mlp.gate_up_proj",),
                  rotation_missing="its fused qkv_proj has no separate v_proj rows for the per-head rotation"),
-    Architecture("olmo2", input_norm=None, mlp_norm=None,
-                 tp_missing="its q_norm/k_norm normalise over all heads together, so a head split would "
-                            "need the norms' statistics summed across ranks",
+    Architecture("olmo2", input_norm=None, mlp_norm=None, whole_qk_norms=("self_attn.q_norm", "self_attn.k_norm"),
                  rotation_missing=_POST_NORMS),
-    Architecture("mixtral", experts=Experts(), tp_missing=_MOE_TP),
-    Architecture("qwen3_moe", experts=Experts(), tp_missing=_MOE_TP),
+    Architecture("mixtral", experts=Experts(stored="block_sparse_moe.experts", stored_parts=("w1", "w3", "w2"),
+                                            stored_router="block_sparse_moe.gate.weight")),
+    Architecture("qwen3_moe", experts=Experts()),
 )}
 
 

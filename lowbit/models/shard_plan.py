@@ -9,7 +9,11 @@ The rule (checked before any rank starts):
   each rank keeps (replicates) the KV heads its query heads need. When a rank's query heads do
   not use its KV heads equally often, the KV heads are expanded to one per local query head so the
   local module is ordinary multi-head attention (same numbers, a little more memory).
-* MLP rows (intermediate channels) are dealt out as evenly as possible in order.
+* MLP rows (intermediate channels) are dealt out as evenly as possible in order; in a
+  mixture-of-experts layer every expert's rows alike (each rank holds a slice of every expert, so
+  routing needs no communication and the experts' partial sums are all-reduced once).
+* Norms over the whole projected q and k (OLMo 2) keep the weights of the rank's heads; each KV
+  head's sum of squares is counted by one rank only (:func:`owned_kv`), however often it is replicated.
 
 Uneven shares are exact: the row-parallel partial sums just cover different numbers of terms.
 A split is impossible (clear ``TPSplitError``) when a rank would get no query head or no MLP row,
@@ -89,9 +93,14 @@ class TPPlan:
     n_heads: int
     n_kv: int
     intermediate: int
+    n_experts: int = 0  # per MoE layer (0: a dense model)
+    expert_mlp: tuple[tuple[int, int], ...] = ()  # each expert's intermediate rows of each rank
+    expert_intermediate: int = 0
 
     def describe(self) -> str:
         parts = [f"rank {r}: {len(a.q_heads)} q heads, {len(a.kv_heads)} kv heads, mlp rows {lo}..{hi - 1}"
+                 + (f", rows {self.expert_mlp[r][0]}..{self.expert_mlp[r][1] - 1} of {self.n_experts} experts"
+                    if self.n_experts else "")
                  for r, (a, (lo, hi)) in enumerate(zip(self.attn, self.mlp))]
         return "; ".join(parts)
 
@@ -109,8 +118,15 @@ def make_plan(config, world: int) -> TPPlan:
     inter = config.intermediate_size
     if inter < world:
         raise TPSplitError(f"cannot split an MLP of {inter} channels over {world} ranks")
+    moe = {}
+    if arch.is_moe:
+        n_experts = getattr(config, "num_local_experts", None) or config.num_experts
+        e_inter = getattr(config, "moe_intermediate_size", None) or inter
+        if e_inter < world:
+            raise TPSplitError(f"cannot split experts of {e_inter} channels over {world} ranks")
+        moe = dict(n_experts=n_experts, expert_mlp=tuple(even_ranges(e_inter, world)), expert_intermediate=e_inter)
     return TPPlan(world, attention_plan(n_heads, n_kv, world), even_ranges(inter, world), head_dim, mt, n_heads,
-                  n_kv, inter)
+                  n_kv, inter, **moe)
 
 
 Ranges = list[tuple[int, int]]
@@ -126,10 +142,11 @@ def _merge(ranges: Ranges) -> Ranges:
     return out
 
 
-def column_rows(plan: TPPlan, rank: int) -> dict[str, Ranges]:
+def column_rows(plan: TPPlan, rank: int, moe: bool = False) -> dict[str, Ranges]:
     """The output rows (``[lo, hi)`` ranges, in order) that rank ``rank`` keeps of every
-    column-parallel linear (paths inside a decoder layer): q heads, the KV heads they use (some
-    repeated when expanded), MLP rows. A fused q|k|v or gate|up linear keeps each part's rows."""
+    column-parallel linear (paths inside a decoder layer; ``moe``: a mixture-of-experts layer): q
+    heads, the KV heads they use (some repeated when expanded), MLP rows. A fused q|k|v or
+    gate|up linear (every expert's gate|up) keeps each part's rows."""
     arch = architecture(plan.model_type)
     a, hd = plan.attn[rank], plan.head_dim
 
@@ -142,26 +159,47 @@ def column_rows(plan: TPPlan, rank: int) -> dict[str, Ranges]:
     else:
         attn = dict(zip(arch.attention, (q, kv, kv)))
     lo, hi = plan.mlp[rank]
-    if arch.fused_mlp:
+    if moe:
+        lo, hi = plan.expert_mlp[rank]
+        n = plan.expert_intermediate
+        mlp = {p: [(lo, hi), (n + lo, n + hi)] for p in arch.experts.gate_ups(plan.n_experts)}
+    elif arch.fused_mlp:
         mlp = {arch.mlp_in[0]: [(lo, hi), (plan.intermediate + lo, plan.intermediate + hi)]}
     else:
         mlp = {p: [(lo, hi)] for p in arch.mlp_in}
     return {p: _merge(r) for p, r in {**attn, **mlp}.items()}
 
 
-def row_columns(plan: TPPlan, rank: int) -> dict[str, tuple[int, int]]:
-    """The input columns ``[lo, hi)`` rank ``rank`` keeps of each row-parallel linear."""
+def row_columns(plan: TPPlan, rank: int, moe: bool = False) -> dict[str, tuple[int, int]]:
+    """The input columns ``[lo, hi)`` rank ``rank`` keeps of each row-parallel linear (in a
+    mixture-of-experts layer: of every expert's down projection)."""
     a, hd = plan.attn[rank], plan.head_dim
-    attention_out, mlp_out = architecture(plan.model_type).row_parallel()
-    return {attention_out: (a.q_heads[0] * hd, (a.q_heads[-1] + 1) * hd), mlp_out: plan.mlp[rank]}
+    arch = architecture(plan.model_type)
+    attention_out, mlp_out = arch.row_parallel()
+    mlp = {p: plan.expert_mlp[rank] for p in arch.experts.downs(plan.n_experts)} if moe else {mlp_out: plan.mlp[rank]}
+    return {attention_out: (a.q_heads[0] * hd, (a.q_heads[-1] + 1) * hd), **mlp}
+
+
+def owned_kv(plan: TPPlan, rank: int) -> list[bool]:
+    """For each local KV head of rank ``rank``: whether this rank counts it in a statistic summed
+    over ranks (its first copy on the lowest rank holding it), so that every KV head counts once."""
+    owner: dict[int, int] = {}
+    for r, a in enumerate(plan.attn):
+        for h in a.kv_heads:
+            owner.setdefault(h, r)
+    kv = plan.attn[rank].kv_heads
+    return [owner[h] == rank and kv.index(h) == i for i, h in enumerate(kv)]
 
 
 def row_parallel_splits(config, world: int) -> dict[str, list[int]]:
     """Input widths of each rank's slice of the row-parallel linears (paths inside a decoder
     layer): what TP-aware quantization keeps local to each rank."""
     plan = make_plan(config, world)
-    attention_out, mlp_out = architecture(config.model_type).row_parallel()
+    arch = architecture(config.model_type)
+    attention_out, mlp_out = arch.row_parallel()
+    experts = {p: [hi - lo for lo, hi in plan.expert_mlp] for p in arch.experts.downs(plan.n_experts)} if arch.is_moe else {}
     return {
         attention_out: [len(a.q_heads) * plan.head_dim for a in plan.attn],
         mlp_out: [hi - lo for lo, hi in plan.mlp],
+        **experts,
     }

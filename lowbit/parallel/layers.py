@@ -1,5 +1,5 @@
-"""The row-parallel linear layer (its partial outputs summed across ranks) and the reducers:
-plain ``dist.all_reduce`` or the quantized ``QuickAllReduce`` with a codec."""
+"""The row-parallel layers (a linear, or a mixture of experts, whose partial outputs are summed
+across ranks) and the reducers: plain ``dist.all_reduce`` or the quantized ``QuickAllReduce`` with a codec."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from torch import nn
 
 from lowbit.comm.codecs import CODECS, parse_spec
 from lowbit.comm.policy import NO_MAX
+from lowbit.nn.experts import UnfusedExperts
 
 ALLREDUCE_CHOICES = ("plain", *CODECS)  # each codec also with +h / +oN options (parse_allreduce)
 
@@ -97,6 +98,26 @@ class RowParallelLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+class RowParallelExperts(UnfusedExperts):
+    """Experts that each hold some of their MLP rows (gate|up) and the same input columns of their
+    down projection, the router replicated: every rank routes the same tokens to the same experts,
+    so its sum over them is a partial sum of the layer's output, summed across ranks once per
+    layer (not once per expert: the same sum, one message)."""
+
+    def __init__(self, experts: nn.ModuleList, act_fn, reduce: Callable[[torch.Tensor], torch.Tensor]):
+        nn.Module.__init__(self)
+        self.num_experts = len(experts)
+        self.experts = experts
+        self.act_fn = act_fn
+        self.reduce = reduce
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        return self.reduce(super().forward(hidden_states, top_k_index, top_k_weights).contiguous())
+
+
+REDUCED = (RowParallelLinear, RowParallelExperts)  # the layers whose output is an all-reduce
+
+
 def column_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
     """An ordinary linear layer holding some output rows (column-parallel: no communication)."""
     lin = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
@@ -109,6 +130,6 @@ def column_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
 def set_reducer(model: nn.Module, reduce: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
     """Switch every row-parallel layer of a loaded shard to another all-reduce (no reloading)."""
     for mod in model.modules():
-        if isinstance(mod, RowParallelLinear):
+        if isinstance(mod, REDUCED):
             mod.reduce = reduce
     return model

@@ -24,14 +24,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .layers import RowParallelLinear
+from .layers import REDUCED
 
 PER = ("layer", "model")
 
 
 def row_parallel_names(model: nn.Module) -> list[str]:
-    """The names of a shard's row-parallel linears, in module order (the same on every rank)."""
-    return [n for n, m in model.named_modules() if isinstance(m, RowParallelLinear)]
+    """The names of a shard's row-parallel layers (linears, mixtures of experts), in module order
+    (the same on every rank)."""
+    return [n for n, m in model.named_modules() if isinstance(m, REDUCED)]
 
 
 @torch.inference_mode()

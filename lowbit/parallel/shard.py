@@ -8,6 +8,8 @@ Which rows and columns each linear keeps comes from the architecture's descripti
 (:func:`lowbit.models.shard_plan.column_rows`, fused q|k|v and gate|up included). The attention
 module itself is unchanged: it reshapes with ``view(..., -1, head_dim)``, so it picks up the
 local head counts from the weight shapes; the counts it reads elsewhere are set to the local ones.
+A mixture-of-experts layer keeps a slice of every expert (:class:`RowParallelExperts`), OLMo 2's
+whole-projection q/k norms their heads' part (:mod:`lowbit.parallel.head_norms`).
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ import torch
 from torch import nn
 
 from lowbit.io.safetensors_reader import CheckpointReader
+from lowbit.models.adapters import Adapter
 from lowbit.models.architectures import architecture
 from lowbit.models.lazy import materialize_rest, meta_model
 from lowbit.models.module_paths import get_path, set_path
 from lowbit.models.shard_plan import TPPlan, column_rows, make_plan, row_columns
-from lowbit.parallel.layers import RowParallelLinear, column_linear
+from lowbit.nn.experts import ExpertMLP
+from lowbit.parallel.head_norms import shard_whole_qk_norms
+from lowbit.parallel.layers import RowParallelExperts, RowParallelLinear, column_linear
 
 
 def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
@@ -51,16 +56,44 @@ def localize_attention(layer: nn.Module, plan: TPPlan, rank: int) -> None:
         attn.config = local
 
 
+def _shard_experts(layer: nn.Module, prefix: str, reader: CheckpointReader, plan: TPPlan, rank: int,
+                   reduce: Callable, dtype: torch.dtype) -> None:
+    """Every expert's rows lo..hi-1 of gate and up, the same columns of down, read from the
+    checkpoint's per-expert weights; the router whole."""
+    ex = architecture(plan.model_type).experts
+    lo, hi = plan.expert_mlp[rank]
+    gate, up, down = ex.stored_parts
+    with torch.device("meta"):
+        mlps = nn.ModuleList(ExpertMLP(1, 1) for _ in range(plan.n_experts))
+    for e, m in enumerate(mlps):
+        base = f"{prefix}{ex.stored}.{e}."
+        w = torch.cat([reader.rows(f"{base}{gate}.weight", lo, hi), reader.rows(f"{base}{up}.weight", lo, hi)])
+        m.gate_up_proj = column_linear(_cast(w, dtype), None)
+        m.down_proj = column_linear(_cast(reader.cols(f"{base}{down}.weight", lo, hi), dtype), None)
+    set_path(layer, ex.parent, RowParallelExperts(mlps, get_path(layer, ex.parent).act_fn, reduce))
+    set_path(layer, ex.router, nn.Parameter(_cast(reader.full(prefix + ex.stored_router), dtype), requires_grad=False))
+
+
 def _shard_layer(layer: nn.Module, prefix: str, reader: CheckpointReader, plan: TPPlan, rank: int,
                  reduce: Callable, dtype: torch.dtype) -> None:
-    for path, ranges in column_rows(plan, rank).items():
+    arch = architecture(plan.model_type)
+    moe = Adapter(arch).has_experts(layer)
+    experts = f"{arch.experts.experts}." if moe else None  # read by _shard_experts under the checkpoint's names
+
+    def dense(paths: dict) -> dict:
+        return {p: v for p, v in paths.items() if experts is None or not p.startswith(experts)}
+
+    for path, ranges in dense(column_rows(plan, rank, moe)).items():
         name = prefix + path
         b = _maybe(reader, name + ".bias", lambda n: reader.row_ranges(n, ranges))
         set_path(layer, path, column_linear(_cast(reader.row_ranges(name + ".weight", ranges), dtype), _cast(b, dtype)))
-    for path, (lo, hi) in row_columns(plan, rank).items():
+    for path, (lo, hi) in dense(row_columns(plan, rank, moe)).items():
         name = prefix + path
         local = column_linear(_cast(reader.cols(name + ".weight", lo, hi), dtype), None)
         set_path(layer, path, RowParallelLinear(local, _cast(_maybe(reader, name + ".bias", reader.full), dtype), reduce))
+    if moe:
+        _shard_experts(layer, prefix, reader, plan, rank, reduce, dtype)
+    shard_whole_qk_norms(layer, arch, plan, rank, lambda p, ranges: _cast(reader.row_ranges(prefix + p, ranges), dtype))
     localize_attention(layer, plan, rank)
 
 

@@ -3,7 +3,7 @@
 
 Column-parallel q/k/v and gate/up keep whole output rows of the packed codes, group scales and
 INT8 outlier weights and scales; their input permutation lives in the (replicated) permuted norm.
-The row-parallel o_proj and down_proj were quantized slice by slice
+The row-parallel o_proj and down_proj (every expert's down_proj) were quantized slice by slice
 (:mod:`lowbit.quantize.row_shards`), so rank r loads part r whole: its own permutation, groups and
 outlier channels. Only this rank's rows and part are read from the safetensors file.
 """
@@ -23,9 +23,12 @@ from lowbit.checkpoint.opener import TensorFile, open_folder
 from lowbit.models.lazy import materialize_rest
 from lowbit.nn.quant_linear import QuantLinear, QuantLinearLayout
 
-from lowbit.models.module_paths import set_path
+from lowbit.models.adapters import Adapter
+from lowbit.models.architectures import architecture
+from lowbit.models.module_paths import get_path, set_path
 from lowbit.models.shard_plan import TPSplitError, column_rows, make_plan, row_columns
-from lowbit.parallel.layers import RowParallelLinear, column_linear
+from lowbit.parallel.head_norms import shard_whole_qk_norms
+from lowbit.parallel.layers import RowParallelExperts, RowParallelLinear, column_linear
 from lowbit.parallel.shard import localize_attention
 
 Select = Callable[[str], torch.Tensor]
@@ -52,9 +55,8 @@ def _column(reader: TensorFile, name: str, layouts: dict, select: Select, n_rows
     return column_linear(select(name + ".weight").float().contiguous(), None if bias is None else bias.float())
 
 
-def _row(reader: TensorFile, name: str, layout: dict, rank: int, lo: int, hi: int,
-         reduce: Callable) -> RowParallelLinear:
-    """Input columns lo..hi-1 of row-parallel linear ``name``, its output all-reduced."""
+def _row(reader: TensorFile, name: str, layout: dict, rank: int, lo: int, hi: int) -> tuple[nn.Module, torch.Tensor | None]:
+    """Input columns lo..hi-1 of row-parallel linear ``name`` and the bias to add after the sum."""
     sharded = layout.get("row_sharded", {}).get(name)
     bias = reader.full(name + ".bias").float() if name + ".bias" in reader else None
     if sharded is not None:
@@ -64,21 +66,31 @@ def _row(reader: TensorFile, name: str, layout: dict, rank: int, lo: int, hi: in
         part = f"{name}.parts.{rank}"
         local = _fill(QuantLinear(QuantLinearLayout.from_dict(layout["quant_linears"][part])), part,
                       lambda full, buf: reader.full(full))
-        return RowParallelLinear(local, bias, reduce)
+        return local, bias
     if name in layout.get("quant_linears", {}):  # one rank: the whole layer (its bias inside)
         lay = QuantLinearLayout.from_dict(layout["quant_linears"][name])
-        return RowParallelLinear(_fill(QuantLinear(lay), name, lambda full, buf: reader.full(full)), None, reduce)
-    return RowParallelLinear(column_linear(reader.cols(name + ".weight", lo, hi).float().contiguous(), None), bias, reduce)
+        return _fill(QuantLinear(lay), name, lambda full, buf: reader.full(full)), None
+    return column_linear(reader.cols(name + ".weight", lo, hi).float().contiguous(), None), bias
 
 
 def _shard_layer(layer: nn.Module, prefix: str, reader: TensorFile, layout: dict, plan, rank: int,
                  reduce: Callable) -> None:
     qls = layout.get("quant_linears", {})
-    for path, ranges in column_rows(plan, rank).items():
+    arch = architecture(plan.model_type)
+    moe = Adapter(arch).has_experts(layer)
+    for path, ranges in column_rows(plan, rank, moe).items():
         n_rows = sum(hi - lo for lo, hi in ranges)
         set_path(layer, path, _column(reader, prefix + path, qls, lambda n: reader.row_ranges(n, ranges), n_rows))
-    for path, (lo, hi) in row_columns(plan, rank).items():
-        set_path(layer, path, _row(reader, prefix + path, layout, rank, lo, hi, reduce))
+    downs = set(arch.experts.downs(plan.n_experts)) if moe else set()
+    for path, (lo, hi) in row_columns(plan, rank, moe).items():
+        local, bias = _row(reader, prefix + path, layout, rank, lo, hi)
+        if path in downs and bias is not None:
+            raise CheckpointError(f"{prefix + path} has a bias; lowbit's experts have none")
+        set_path(layer, path, local if path in downs else RowParallelLinear(local, bias, reduce))
+    if moe:  # every expert's down holds a partial sum: one all-reduce after the experts
+        experts = get_path(layer, arch.experts.parent)
+        set_path(layer, arch.experts.parent, RowParallelExperts(experts.experts, experts.act_fn, reduce))
+    shard_whole_qk_norms(layer, arch, plan, rank, lambda p, ranges: reader.row_ranges(prefix + p, ranges).float())
     localize_attention(layer, plan, rank)
 
 

@@ -1,4 +1,4 @@
-"""TP-aware quantization of the row-parallel linears (o_proj, down_proj).
+"""TP-aware quantization of the row-parallel linears (o_proj, down_proj, every expert's down_proj).
 
 Their input is split across tensor-parallel ranks, so a global outlier permutation or a group of
 128 channels would mix channels that live on different ranks. Here each rank's input slice is
@@ -30,7 +30,7 @@ def tp_splits(model: nn.Module, scheme: Scheme) -> dict[str, list[int]]:
         return {}
     from lowbit.models.shard_plan import row_parallel_splits
 
-    # TPSplitError for a model that cannot be split (MoE, OLMo 2's q/k norms: the architecture says why)
+    # TPSplitError for a model that cannot be split (too few heads or MLP rows, or what its architecture lacks)
     return row_parallel_splits(model.config, world)
 
 

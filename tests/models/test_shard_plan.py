@@ -50,5 +50,33 @@ def test_impossible_splits_raise():
         attention_plan(4, 2, 0)
     with pytest.raises(TPSplitError, match="MLP"):
         make_plan(tiny_config("llama", intermediate_size=2), 3)
-    with pytest.raises(TPSplitError, match="supports"):
-        make_plan(tiny_config("mixtral"), 2)
+    with pytest.raises(TPSplitError, match="cannot split experts of 2 channels over 3 ranks"):
+        make_plan(tiny_config("qwen3_moe", moe_intermediate_size=2), 3)
+
+
+def test_a_kv_head_on_several_ranks_is_counted_by_one():
+    """OLMo 2's k norm sums squares over KV heads: replicated or expanded copies count once."""
+    from lowbit.models.shard_plan import owned_kv
+
+    plan = make_plan(tiny_config("olmo2"), 3)  # 4 heads on 2 KV heads: KV 1 on ranks 1 and 2
+    assert [a.kv_heads for a in plan.attn] == [(0,), (1,), (1,)]
+    assert [owned_kv(plan, r) for r in range(3)] == [[True], [True], [False]]
+    plan = make_plan(tiny_config("olmo2", num_attention_heads=8, hidden_size=64), 3)  # rank 1: KV 0, 1, 1 expanded
+    assert plan.attn[1].kv_heads == (0, 1, 1)
+    assert [owned_kv(plan, r) for r in range(3)] == [[True], [False, True, False], [False]]
+
+
+def test_every_expert_is_split_like_a_dense_mlp():
+    """Qwen3-MoE: each rank keeps the same rows of every expert's gate|up and columns of its down;
+    its dense layers (mlp_only_layers) are split by their own width."""
+    from lowbit.models.shard_plan import column_rows, row_columns, row_parallel_splits
+
+    cfg = tiny_config("qwen3_moe")  # 4 experts of 64 rows, dense MLP of 128
+    plan = make_plan(cfg, 3)
+    rows = column_rows(plan, 1, moe=True)
+    assert rows["mlp.experts.experts.3.gate_up_proj"] == [(22, 43), (86, 107)]
+    assert "mlp.gate_proj" not in rows and column_rows(plan, 1)["mlp.gate_proj"] == [(43, 86)]
+    assert row_columns(plan, 2, moe=True)["mlp.experts.experts.0.down_proj"] == (43, 64)
+    splits = row_parallel_splits(cfg, 3)
+    assert splits["mlp.down_proj"] == [43, 43, 42]
+    assert all(splits[f"mlp.experts.experts.{e}.down_proj"] == [22, 21, 21] for e in range(4))

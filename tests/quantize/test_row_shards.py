@@ -63,8 +63,8 @@ def test_tp_aware_w4a4_stays_close_to_plain_w4a4():
 def test_unsplittable_models_fail_before_quantizing():
     with pytest.raises(TPSplitError, match="no head"):
         quantize_model(tiny_model("llama", **HEADS), _tp("w4a4", 7), IDS, progress=False)
-    with pytest.raises(ValueError, match="mixture-of-experts"):
-        quantize_model(tiny_model("mixtral"), _tp("w4a4", 2), IDS, progress=False)
+    with pytest.raises(TPSplitError, match="experts of 2 channels"):
+        quantize_model(tiny_model("qwen3_moe", moe_intermediate_size=2), _tp("w4a4", 3), IDS, progress=False)
 
 
 def test_scheme_field_round_trips_and_validates():
