@@ -6,9 +6,10 @@ W4A4 and W4A16 checkpoints through the lowbit plugin, one vLLM process, engines 
 DIR receives the float folder and the two checkpoints (quantized once, round-to-nearest: the
 kernels' speed does not depend on GPTQ); later runs reuse them. Prompts are 128-token WikiText-2
 test windows, 64 new tokens, no early stop; decode tok/s = batch x 63 / (time for 64 tokens - time
-for 1 token), medians of the repeats; ratios are against vLLM BF16 when it ran (``--formats`` picks
-engines: on CPUs where vLLM's BF16 linears fall back to torch's ``F.linear``, as on AVX2 without
-oneDNN, BF16 alone takes tens of minutes). All engines: bf16, eager (``enforce_eager=True``). Each
+for 1 token), medians of the repeats; ratios are against vLLM on the float model (``float``) when it
+ran (``--formats`` picks engines). All engines run in ``--dtype`` (bf16 by default; float32 is the
+faster float where the CPU has no AVX512_BF16 and vLLM's bf16 linears fall back to torch's
+``F.linear``), eager (``enforce_eager=True``). Each
 decode step is split into vLLM's linear layers (every ``apply``: lowbit's op with its input gather,
 vLLM's own GEMMs, the LM head) and the rest (attention, norms, sampling, scheduling), timed the same
 way: ms per step = (median time for 64 tokens - median for 1) / 63.
@@ -26,7 +27,7 @@ import torch
 
 PROMPT, NEW = 128, 64
 # --formats name: (folder under --work, vllm.LLM's extra arguments)
-ENGINES = {"bf16": ("float", {}), "w4a4": ("w4a4", {"quantization": "lowbit"}),
+ENGINES = {"float": ("float", {}), "w4a4": ("w4a4", {"quantization": "lowbit"}),
            "w4a16": ("w4a16", {"quantization": "lowbit"})}
 
 
@@ -57,6 +58,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--formats", nargs="+", choices=list(ENGINES), default=list(ENGINES))
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                    help="every engine's dtype (float32 is the faster float on CPUs without AVX512_BF16)")
     args = ap.parse_args()
     from lowbit.bench.vllm_engine import find_python
     from lowbit.io.atomic import write_json
@@ -68,7 +71,7 @@ def main() -> None:
     folders = {n: ENGINES[n][0] for n in args.formats}
     job = {"kind": "decode", "prompts": prompts, "batches": args.batches, "new": NEW, "repeats": args.repeats,
            "split": True}
-    req = {"engines": [{"llm": {"model": str(args.work / folders[n]), "dtype": "bfloat16", "enforce_eager": True,
+    req = {"engines": [{"llm": {"model": str(args.work / folders[n]), "dtype": args.dtype, "enforce_eager": True,
                                 "max_model_len": PROMPT + NEW + 8, "max_num_seqs": max(args.batches), **kw},
                         "jobs": [job]} for n, kw in engines.items()]}
     result = run(req, timeout=3000, python=find_python())
@@ -80,14 +83,15 @@ def main() -> None:
             rows.append({"format": name, "batch": r["batch"], "decode_tok_s": r["batch"] * (NEW - 1) / step,
                          "step_ms": 1e3 * step / (NEW - 1), "linear_ms": 1e3 * lin / (NEW - 1),
                          "rest_ms": 1e3 * (step - lin) / (NEW - 1), **r})
-    bf16 = {r["batch"]: r["decode_tok_s"] for r in rows if r["format"] == "bf16"}
-    print("| format | " + " | ".join(f"batch {b} tok/s (vs bf16); ms/step: linears + rest" for b in args.batches) + " |")
+    base = {r["batch"]: r["decode_tok_s"] for r in rows if r["format"] == "float"}
+    print(f"| format ({args.dtype}) | " + " | ".join(f"batch {b} tok/s (vs vLLM float); ms/step: linears + rest"
+                                                   for b in args.batches) + " |")
     for name in engines:
-        cells = [f"{r['decode_tok_s']:.1f} ({r['decode_tok_s'] / bf16[r['batch']] if bf16 else float('nan'):.2f}x); "
+        cells = [f"{r['decode_tok_s']:.1f} ({r['decode_tok_s'] / base[r['batch']] if base else float('nan'):.2f}x); "
                  f"{r['linear_ms']:.1f} + {r['rest_ms']:.1f}" for r in rows if r["format"] == name]
         print(f"| {name} | " + " | ".join(cells) + " |")
     if args.json:
-        write_json(args.json, {"vllm": result["vllm"], "rows": rows})
+        write_json(args.json, {"vllm": result["vllm"], "dtype": args.dtype, "rows": rows})
 
 
 if __name__ == "__main__":
