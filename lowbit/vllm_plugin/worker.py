@@ -17,6 +17,7 @@ this process (the engine core in-process too: one Python start instead of three 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -57,10 +58,7 @@ def _decode(llm, sp, job):
             for _ in range(job["repeats"]):
                 timer = LinearTimer() if job.get("split") else None
                 t0 = time.perf_counter()
-                if timer:
-                    with timer:
-                        llm.generate(prompts, params, use_tqdm=False)
-                else:
+                with timer or contextlib.nullcontext():
                     llm.generate(prompts, params, use_tqdm=False)
                 times[n].append(time.perf_counter() - t0)
                 linear[n].append(timer.seconds if timer else None)
