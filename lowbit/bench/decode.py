@@ -103,9 +103,11 @@ def _cache_for(model, fmt: str):
     from transformers import DynamicCache
 
     from lowbit.nn.kv_cache import PackedKVCache
+    from lowbit.quantize import get_scheme
 
-    if fmt.endswith("-kv4"):
-        return PackedKVCache(model.config, 4, False)
+    if fmt.endswith("-kv4"):  # the preset's cache (INT4, asymmetric, Hadamard-rotated heads)
+        kv = get_scheme(fmt).kv_cache
+        return PackedKVCache(model.config, kv.bits, kv.symmetric, kv.hadamard)
     return DynamicCache(config=model.config)
 
 

@@ -132,13 +132,20 @@ class OutlierArgs:
 
 @dataclass(frozen=True)
 class KVArgs(_Bits):
-    """KV cache: one scale (and zero point) per token per head; any head_dim."""
+    """KV cache: one scale (and zero point) per token per head; any head_dim. ``hadamard``
+    (QuaRot's R3): store each head's keys (after RoPE) and values rotated by the orthonormal
+    Hadamard of order head_dim, so a few large channels no longer set every token's scale."""
 
     bits: int = 16
     symmetric: bool = False
+    hadamard: bool = False
 
     def __post_init__(self):
         _check_bits("kv_cache", self.bits, (2, 3, 4, 8, 16))
+        if not isinstance(self.hadamard, bool):
+            raise SchemeError(f"kv_cache.hadamard must be true or false, got {self.hadamard!r}")
+        if self.hadamard and not self.enabled:
+            raise SchemeError("kv_cache.hadamard rotates the quantized KV cache: it needs kv_cache.bits < 16")
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,12 @@ token per head (any head_dim), as Atom does, behind transformers' ``Cache`` inte
 Every update quantizes the new keys/values, appends the packed codes, and returns the whole
 cache dequantized, including the tokens just written, so prefill and decode both attend to
 exactly what is stored (this is also what perplexity measures).
+
+With ``hadamard`` (QuaRot's R3) each head's keys and values are rotated by the orthonormal
+Hadamard ``R`` of order head_dim before they are quantized and rotated back (``Rᵀ``) when read.
+Keys arrive after RoPE, so attention sees ``q·(k̂)ᵀ`` with ``k̂ = deq(k R) Rᵀ``, which equals
+rotating both q and k online, as QuaRot's kernels do. A head's few large channels (RoPE's
+low-frequency pairs) then no longer set the scale of every token.
 """
 
 from __future__ import annotations
@@ -11,14 +17,28 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import BaseQuantizedLayer, Cache
 
-from lowbit.formats import PerToken, QParams, choose_qparams, dequantize, pack, packed_size, quantize, unpack
+from lowbit.formats import PerToken, QParams, choose_qparams, dequantize, pack, quantize, unpack
+from lowbit.formats.hadamard import orthonormal
+
+
+def head_dim(config) -> int:
+    """The attention head width of a transformers text config."""
+    config = config.get_text_config(decoder=True)
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def head_rotation(n: int) -> torch.Tensor:
+    """The float32 orthonormal Hadamard of order ``n``; HadamardSizeError names an order with no
+    known matrix."""
+    return orthonormal(n, torch.float32)
 
 
 class PackedKV:
     """``[B, H, T, D]`` states as packed codes ``[B, H, T, bytes]`` plus scale/zero ``[B, H, T]``."""
 
-    def __init__(self, bits: int, symmetric: bool):
-        self.bits, self.symmetric = bits, symmetric
+    def __init__(self, bits: int, symmetric: bool, hadamard: bool = False):
+        self.bits, self.symmetric, self.hadamard = bits, symmetric, hadamard
+        self.rotation: torch.Tensor | None = None
         self.codes: torch.Tensor | None = None
         self.scale: torch.Tensor | None = None
         self.zero: torch.Tensor | None = None
@@ -27,6 +47,10 @@ class PackedKV:
     def append(self, x: torch.Tensor) -> None:
         b, h, t, d = x.shape
         self.head_dim = d
+        if self.hadamard:
+            if self.rotation is None:
+                self.rotation = head_rotation(d).to(x.device)
+            x = x.float() @ self.rotation
         qp = choose_qparams(x, self.bits, symmetric=self.symmetric, granularity=PerToken(), scale_dtype=torch.float16)
         q = quantize(x, qp)
         if self.symmetric:
@@ -48,6 +72,8 @@ class PackedKV:
             q = (q.to(torch.int16) - 2 ** (self.bits - 1)).to(torch.int8)
         zp = self.zero.reshape(-1).to(torch.int32) if self.zero is not None else None
         qp = QParams(self.scale.reshape(-1), zp, self.bits, self.symmetric, True, PerToken())
+        if self.hadamard:
+            return (dequantize(q, qp, torch.float32) @ self.rotation.T).to(dtype)
         return dequantize(q, qp, dtype)
 
     def index_select(self, idx: torch.Tensor) -> None:
@@ -62,9 +88,9 @@ class PackedKV:
 
 
 class PackedKVLayer(BaseQuantizedLayer):
-    def __init__(self, bits: int = 4, symmetric: bool = False):
+    def __init__(self, bits: int = 4, symmetric: bool = False, hadamard: bool = False):
         super().__init__()
-        self.bits, self.symmetric = bits, symmetric
+        self.bits, self.symmetric, self.hadamard = bits, symmetric, hadamard
 
     def _quantize(self, tensor):  # required by the base class; appending is done by PackedKV
         raise NotImplementedError
@@ -74,8 +100,8 @@ class PackedKVLayer(BaseQuantizedLayer):
 
     def lazy_initialization(self, key_states, value_states) -> None:
         super().lazy_initialization(key_states, value_states)
-        self._quantized_keys = PackedKV(self.bits, self.symmetric)
-        self._quantized_values = PackedKV(self.bits, self.symmetric)
+        self._quantized_keys = PackedKV(self.bits, self.symmetric, self.hadamard)
+        self._quantized_values = PackedKV(self.bits, self.symmetric, self.hadamard)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -106,29 +132,32 @@ class PackedKVCache(Cache):
 
     KINDS = ("full_attention", "sliding_attention")
 
-    def __init__(self, config, bits: int = 4, symmetric: bool = False):
+    def __init__(self, config, bits: int = 4, symmetric: bool = False, hadamard: bool = False):
+        if hadamard:
+            head_rotation(head_dim(config))  # an unknown order fails here, before any forward
         config = config.get_text_config(decoder=True)
         types = set(getattr(config, "layer_types", None) or ["full_attention"])
         if types - set(self.KINDS):
             raise ValueError(f"PackedKVCache supports {' and '.join(self.KINDS)} layers, model_type="
                              f"{getattr(config, 'model_type', None)!r} has {sorted(types - set(self.KINDS))}")
-        super().__init__(layers=[PackedKVLayer(bits, symmetric) for _ in range(config.num_hidden_layers)])
-        self.bits, self.symmetric = bits, symmetric
+        super().__init__(layers=[PackedKVLayer(bits, symmetric, hadamard) for _ in range(config.num_hidden_layers)])
+        self.bits, self.symmetric, self.hadamard = bits, symmetric, hadamard
 
     def nbytes(self) -> int:
         return sum(l.nbytes() for l in self.layers)
 
 
-def install_kv_quantization(model, bits: int = 4, symmetric: bool = False) -> None:
+def install_kv_quantization(model, bits: int = 4, symmetric: bool = False, hadamard: bool = False) -> None:
     """Make every forward of ``model`` without a cache use a fresh :class:`PackedKVCache`
     (so perplexity sees the quantized KV), and ``generate`` use one too."""
+    PackedKVCache(model.config, bits, symmetric, hadamard)  # a config it cannot serve fails now
     inner = model.model if hasattr(model, "model") else model
 
     def hook(module, args, kwargs):
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         if cache is None or (type(cache).__name__ == "DynamicCache" and cache.get_seq_length() == 0):
             kwargs.pop("past_key_values", None)
-            kwargs["cache"] = PackedKVCache(model.config, bits, symmetric)
+            kwargs["cache"] = PackedKVCache(model.config, bits, symmetric, hadamard)
         return args, kwargs
 
     inner._lowbit_kv_hook = inner.register_forward_pre_hook(hook, with_kwargs=True)

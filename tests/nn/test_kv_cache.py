@@ -47,3 +47,64 @@ def test_installed_kv_quantization_changes_plain_forward_and_generate_runs():
     assert not torch.equal(ref, q) and (q - ref).abs().max() < ref.abs().max()
     out = model.generate(ids, max_new_tokens=4, do_sample=False)
     assert out.shape == (2, 14)
+
+
+def test_hadamard_kv_is_the_quantizer_on_rotated_heads_rotated_back():
+    from lowbit.formats import dequantize, quantize
+    from lowbit.formats.hadamard import orthonormal
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 10, 24)  # head_dim 24 = 2 x 12: a Paley factor, not a power of two
+    kv = PackedKV(4, symmetric=False, hadamard=True)
+    kv.append(x[:, :, :4])
+    kv.append(x[:, :, 4:])
+    r = orthonormal(24, torch.float64)
+    y = (x.double() @ r).float()
+    qp = choose_qparams(y, 4, symmetric=False, granularity=PerToken(), scale_dtype=torch.float16)
+    want = (dequantize(quantize(y, qp), qp, torch.float64) @ r.T).float()
+    # the stored codes are the rotated tensor's: only the float32 rotations differ from float64
+    torch.testing.assert_close(kv.dequantize(torch.float32), want, rtol=0, atol=1e-5 * float(x.abs().max()))
+
+
+def test_hadamard_kv_spreads_a_large_channel():
+    """RoPE leaves a few channels of each key head far larger than the rest; unrotated they set
+    every token's scale and bury the others."""
+    torch.manual_seed(1)
+    x = torch.randn(1, 2, 64, 64)
+    x[..., 3] *= 40
+    errs = {}
+    for h in (False, True):
+        kv = PackedKV(4, symmetric=False, hadamard=h)
+        kv.append(x)
+        errs[h] = float((kv.dequantize(torch.float32) - x)[..., 4:].pow(2).mean().sqrt())
+    assert errs[True] < 0.5 * errs[False], errs
+
+
+def test_hadamard_kv_needs_a_known_order_and_a_quantized_cache():
+    import pytest
+
+    from lowbit.formats.hadamard import HadamardSizeError
+    from lowbit.formats.scheme import KVArgs, SchemeError
+
+    model = tiny_model("llama")
+    model.config.head_dim = 22  # 2 x 11: no Hadamard matrix of order 11 is known
+    PackedKVCache(model.config, bits=4)
+    with pytest.raises(HadamardSizeError, match="22"):
+        PackedKVCache(model.config, bits=4, hadamard=True)
+    with pytest.raises(HadamardSizeError, match="22"):
+        install_kv_quantization(model, bits=4, hadamard=True)
+    with pytest.raises(SchemeError, match="kv_cache.bits < 16"):
+        KVArgs(bits=16, hadamard=True)
+    with pytest.raises(SchemeError, match="true or false"):
+        KVArgs(bits=4, hadamard="yes")
+
+
+def test_hadamard_kv_keeps_generate_equal_to_a_full_forward():
+    model = tiny_model("llama")
+    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(2))
+    install_kv_quantization(model, bits=4, hadamard=True)
+    out = model.generate(ids, max_new_tokens=5, do_sample=False, return_dict_in_generate=True, output_logits=True)
+    with torch.no_grad():
+        full = model(out.sequences).logits
+    steps = torch.stack([lg[0] for lg in out.logits])
+    torch.testing.assert_close(steps, full[0, 11:16], rtol=1e-4, atol=1e-4)

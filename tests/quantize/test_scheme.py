@@ -18,7 +18,9 @@ def test_atom_recipe_contents():
     s = get_scheme("w4a4")
     assert (s.weights.bits, s.activations.bits, s.weights.group_size, s.activations.group_size) == (4, 4, 128, 128)
     assert s.outliers.count > 0 and s.outliers.precision == "int8" and s.gptq.enabled
-    assert get_scheme("w4a4-kv4").kv_cache == KVArgs(bits=4, symmetric=False)
+    assert get_scheme("w4a4-kv4").kv_cache == KVArgs(bits=4, symmetric=False, hadamard=True)
+    assert get_scheme("w4a4-kv4-rot") == get_scheme("w4a4-kv4").with_(name="w4a4-kv4-rot",
+                                                                       rotation=get_scheme("w4a4-rot").rotation)
     assert get_scheme("w8a8").smooth.enabled and get_scheme("w4a16").activations.bits == 16
     assert get_scheme("w4a4-fp4").weights.format == "fp4"
 
