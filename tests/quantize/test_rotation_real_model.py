@@ -1,6 +1,8 @@
 """The default model (SmolLM2-135M, hidden 576 = 16·36, head_dim 64, intermediate 1536 = 128·12,
 tied head) rotated in fp32 keeps its WikiText-2 perplexity within 1e-5 relative (3 windows of 128
-tokens; the plain and the randomized Hadamard; R1 + R2, and R1 + R2 + the online R4)."""
+tokens; the randomized Hadamard with R1 + R2 + the online R4: the case that uses every part. The
+plain Hadamard and R1 + R2 alone are the same code with fewer parts; they were checked once on
+this model (README, Rotation) and run on the tiny architectures in tests/quantize/test_rotation.py)."""
 
 import pytest
 
@@ -20,8 +22,7 @@ def reference():
     return tok, perplexity(model, tok, "wikitext2", seqlen=SEQLEN, max_windows=WINDOWS, progress=False)
 
 
-@pytest.mark.parametrize("r4", [False, True])
-@pytest.mark.parametrize("kind", ["hadamard", "random-hadamard"])
+@pytest.mark.parametrize("kind,r4", [("random-hadamard", True)])
 def test_rotated_default_model_keeps_its_perplexity(reference, kind, r4):
     tok, ref = reference
     model, _ = load_model("default")
