@@ -66,11 +66,18 @@ def unsupported_reason(fmt: str, python: str) -> str | None:
             f"(`--quantization lowbit`, bench serve format plugin-{fmt})")
 
 
+_IMPORTS_VLLM: set[str] = set()  # interpreters seen importing vllm (10-20 s each time on 2 cores)
+
+
 def _has_vllm(python: str) -> bool:
+    if python in _IMPORTS_VLLM:
+        return True
     try:
         r = subprocess.run([python, "-c", "import vllm"], capture_output=True, timeout=180)
     except (OSError, subprocess.TimeoutExpired):
         return False
+    if r.returncode == 0:
+        _IMPORTS_VLLM.add(python)
     return r.returncode == 0
 
 

@@ -65,21 +65,25 @@ def _codecs(kinds) -> None:
 
 def _decode(kinds) -> None:
     p = kinds.add_parser("decode", help="generation tokens/s per format and batch, memory, weight and KV bytes")
-    p.add_argument("--model", default="default")
-    p.add_argument("--formats", default=",".join(decode.FORMATS))
-    p.add_argument("--batches", type=int_list, default="1,8,32")
-    p.add_argument("--prompt", type=positive_int, default=128, help="prompt tokens")
-    p.add_argument("--new", type=positive_int, default=128, help="generated tokens")
-    p.add_argument("--repeats", type=positive_int, default=5)
+    p.add_argument("--model", default="default", help="'default', a Hugging Face folder or a .gguf file (default: %(default)s)")
+    p.add_argument("--formats", default=",".join(decode.FORMATS),
+                   help="comma list; float formats run as they are, the others are quantized first (default: %(default)s)")
+    p.add_argument("--batches", type=int_list, default="1,8,32", help="sequences decoded together (default: %(default)s)")
+    p.add_argument("--prompt", type=positive_int, default=128, help="prompt tokens (default: %(default)s)")
+    p.add_argument("--new", type=positive_int, default=128, help="generated tokens (default: %(default)s)")
+    p.add_argument("--repeats", type=positive_int, default=5,
+                   help="timed generations per point, formats interleaved in each; medians reported (default: %(default)s)")
     p.add_argument("--calib", default="4x128", help="calibration SAMPLESxSEQLEN (tiny: only speed is measured)")
     p.add_argument("--gptq", action="store_true", help="use the presets' GPTQ instead of RTN (slower to quantize)")
-    p.add_argument("--kernel", default=None, choices=["auto", "reference", "cpu", "triton"])
+    p.add_argument("--kernel", default=None, choices=["auto", "reference", "cpu", "triton"],
+                   help="linear kernels for the quantized formats (default: the best this device has)")
     p.add_argument("--threads", type=nonneg_int, default=0, help="torch threads (0 = leave as is)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
     p.add_argument("--stock-ops", action="store_true",
                    help="keep PyTorch's norms, rotary embedding and attention instead of lowbit's native "
                         "decode ops (which every format, the float ones included, gets by default)")
-    p.add_argument("--out", type=Path, default=Path("bench_out/decode"))
+    p.add_argument("--out", type=Path, default=Path("bench_out/decode"),
+                   help="folder for decode.csv, decode.json and decode.png (default: %(default)s)")
     p.set_defaults(func=decode.run)
 
 
