@@ -14,6 +14,8 @@ low-frequency pairs) then no longer set the scale of every token.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 from transformers.cache_utils import BaseQuantizedLayer, Cache
 
@@ -27,9 +29,10 @@ def head_dim(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
+@lru_cache(maxsize=None)
 def head_rotation(n: int) -> torch.Tensor:
-    """The float32 orthonormal Hadamard of order ``n``; HadamardSizeError names an order with no
-    known matrix."""
+    """The float32 orthonormal Hadamard of order ``n``, built once per order and shared read-only
+    by every layer's keys and values; HadamardSizeError names an order with no known matrix."""
     return orthonormal(n, torch.float32)
 
 

@@ -31,6 +31,7 @@ from lowbit.formats.hadamard import factor, fast_transform, random_signs
 from lowbit.formats.scheme import RotationArgs
 from lowbit.models.adapters import get_adapter
 from lowbit.models.module_paths import get_path, set_path
+from lowbit.nn.kv_cache import head_dim
 from lowbit.nn.online_hadamard import HadamardInputLinear
 from lowbit.nn.quant_linear import QuantLinear
 
@@ -159,12 +160,6 @@ def _rotate_down_online(layer: nn.Module, adapter, q4s: dict[int, Rotation]) -> 
         set_path(layer, path, HadamardInputLinear(down))
 
 
-def head_dim(model: nn.Module) -> int:
-    cfg = model.config
-    d = getattr(cfg, "head_dim", None)
-    return int(d) if d else cfg.hidden_size // cfg.num_attention_heads
-
-
 def rotate_model(model: nn.Module, args: RotationArgs) -> None:
     """Rotate ``model`` in place (nothing for ``kind`` none); it computes the same function."""
     if not args.enabled:
@@ -175,7 +170,7 @@ def rotate_model(model: nn.Module, args: RotationArgs) -> None:
     _check(model)
     hidden = model.config.hidden_size
     q1 = Rotation(hidden, args)
-    q2 = Rotation(head_dim(model), args, salt=1) if args.r2 else None
+    q2 = Rotation(head_dim(model.config), args, salt=1) if args.r2 else None
     adapter.prepare(model)
     q4s = _down_rotations(adapter.layers(model), adapter, args) if args.r4 else {}
     head = _untie_head(model)
