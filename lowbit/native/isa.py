@@ -2,7 +2,8 @@
 
 What a variant changes today: AVX2 vectorises every kernel; the VNNI variants (AVX-VNNI on
 AVX2-only cores, AVX512-VNNI) fuse each int16 multiply-add and its accumulation into one
-``vpdpwssd`` (the same integers); AVX-512 and BF16 let the compiler use them where it can.
+``vpdpwssd`` (the same integers); AVX-512 and BF16 let the compiler use them where it can; AMX
+runs the batched W8A8 / W4A4 kernel (``csrc/i8_gemm.c``) on int8 tiles from 16 tokens on.
 
 Each variant is a set of compiler target flags, so every variant compiles on every x86-64 machine
 (the compiler does not need the instructions it emits; ``tests/native/test_isa.py`` builds them
@@ -42,13 +43,15 @@ _PORTABLE = Variant("portable", (), ())
 _AVX2 = _PORTABLE.plus("avx2", (("-mavx2", "avx2"), ("-mfma", "fma"), ("-mf16c", "f16c")))
 _AVX512 = _AVX2.plus("avx512", (("-mavx512f", "avx512f"), ("-mavx512bw", "avx512bw"), ("-mavx512vl", "avx512vl")))
 _AVX512VNNI = _AVX512.plus("avx512vnni", (("-mavx512vnni", "avx512_vnni"),))
+_AVX512BF16 = _AVX512VNNI.plus("avx512bf16", (("-mavx512bf16", "avx512_bf16"),))
 VARIANTS = (  # narrowest first
     _PORTABLE,
     _AVX2,
     _AVX2.plus("avxvnni", (("-mavxvnni", "avx_vnni"),)),
     _AVX512,
     _AVX512VNNI,
-    _AVX512VNNI.plus("avx512bf16", (("-mavx512bf16", "avx512_bf16"),)),
+    _AVX512BF16,
+    _AVX512BF16.plus("amx", (("-mamx-tile", "amx_tile"), ("-mamx-int8", "amx_int8"))),
 )
 BY_NAME = {v.name: v for v in VARIANTS}
 

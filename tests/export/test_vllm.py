@@ -98,6 +98,12 @@ PPL_TOLERANCE = {"w8a8": 0.005, "w4a16": 0.005}
 HAS_VNNI = cpu_info()["features"]["avx512_vnni"] or cpu_info()["features"]["avx_vnni"]
 if not HAS_VNNI:
     PPL_TOLERANCE["w8a8"] = 0.03
+# On AMX CPUs vLLM runs symmetric W8A8 with its own int8 kernel (``int8_scaled_mm_with_quant``,
+# chosen by ``check_cpu_sgl_kernel``) instead of oneDNN: measured on an AMX Xeon, +0.62 % and +1.25 %
+# in two runs on the same kind of checkpoint, and -0.05 % on the same checkpoint with that choice
+# patched off (oneDNN). So the export is exact; the bound there is 2 %.
+if cpu_info()["features"].get("amx_int8", False) and HAS_VNNI:
+    PPL_TOLERANCE["w8a8"] = 0.02
 
 
 def test_vllm_perplexity_matches_lowbits_evaluation(served, windows):

@@ -33,6 +33,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.i8_gemm.argtypes = [vp, ci, vp, i32, i64, i64, i64, i64, vp, vp, i64, vp, vp, i64, vp, i64, vp, vp, ci]
     lib.i8_gemm.restype = ci
     lib.i8_gemm_simd.restype = ci
+    lib.i8_gemm_amx.restype = ci
     act_sym.bind(lib.i8_act_sym)
     lib.i8_gemm_linear.argtypes = [vp, ci, vp, i32, i64, i64, i64, i64, vp, vp, i64, i64, i64, ci, ctypes.c_float, vp,
                                    vp, ci, i64, vp, ci, ci]
@@ -49,6 +50,13 @@ def simd(lib: ctypes.CDLL | None = None) -> int:
     """0 (portable loop), 256 or 512 (vector width), +1 where the dot product is VNNI's vpdpbusd."""
     lib = lib or library()
     return 0 if lib is None else int(lib.i8_gemm_simd())
+
+
+def amx(lib: ctypes.CDLL | None = None) -> bool:
+    """Whether this build runs AMX-INT8 tiles from 16 tokens on (the ``amx`` ISA variant, on a CPU
+    whose OS granted tile state); the integers, and so the bits, are the vector tiles'."""
+    lib = lib or library()
+    return lib is not None and bool(lib.i8_gemm_amx())
 
 
 @dataclass

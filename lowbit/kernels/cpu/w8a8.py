@@ -4,7 +4,8 @@ weight, then one float32 rescale by activation scale x weight scale.
 Four ways to the exact int32 product (bit-identical results, tested):
 
 - ``gemm`` (default where its build has a VNNI dot product and the CPU no AMX): lowbit's batched
-  int8 kernel (:mod:`.i8_gemm`, ``vpdpbusd`` over tiles of 6 tokens x 32 rows), faster than the
+  int8 kernel (:mod:`.i8_gemm`, ``vpdpbusd`` over tiles of 6 tokens x 32 rows; AMX-INT8 tiles from
+  8 tokens where the build has them), faster than the
   GEMV below from batch 1 on (4096², AVX-512 VNNI, loaded: 0.61 against 1.57 ms at batch 1, 11.5
   against 43 ms at 64). Without VNNI its exact byte products need two ``vpmaddubsw`` per vector
   and lose to the GEMV from 8 tokens, so the GEMV stays the default there.
@@ -58,8 +59,10 @@ class W8A8Prepared:
 
 
 def gemm_is_default() -> bool:
-    """The batched kernel wins here at every batch: its build has VNNI (odd :func:`i8_gemm.simd`);
-    on AMX-INT8 CPUs the GEMV plus ``_int_mm`` stays (measured there, this kernel was not)."""
+    """The batched kernel wins here at every batch: its build has VNNI (odd :func:`i8_gemm.simd`).
+    On AMX-INT8 CPUs the GEMV plus ``_int_mm`` stays: there this kernel (AMX tiles from 8 tokens)
+    won at 512 tokens (4096², 18.5 against 28.4 ms) but lost at 1-2 (1.44 against 0.96 ms at 1),
+    and decode runs at batch 1."""
     return i8_gemm.simd() % 2 == 1 and not int_mm_for_batches()
 
 
@@ -69,6 +72,7 @@ class W8A8NativePrepared:
     act: ActSpec
     bias: torch.Tensor | None
     method: str = "native"
+    args: tuple | None = None  # gemm: i8_gemm.linear's weight arguments, built once (they point into weight)
 
 
 def available() -> bool:
@@ -88,7 +92,9 @@ def prepare(p: LinearParams, method: str | None = None):
         if not i8_gemm.available():
             raise KernelError("w8a8 gemm: no C compiler could build its kernel (csrc/i8_gemm.c)")
         kp = -(-p.codes.shape[1] // 4) * 4
-        return W8A8NativePrepared(i8_gemm.pack(p.codes, p.scale, 8, kp, kp), p.act, p.bias, "gemm")
+        panels = i8_gemm.pack(p.codes, p.scale, 8, kp, kp)
+        args = i8_gemm.linear_args(panels, None, 0, p.codes.shape[1], p.act.bits, p.act.clip)
+        return W8A8NativePrepared(panels, p.act, p.bias, "gemm", args)
     if method == "native":
         return W8A8NativePrepared(w8_gemv.prepare(p.codes, p.scale[:, 0]), p.act, p.bias)
     w = p.codes.contiguous() if method == "int_mm" else p.codes.t().float().contiguous()
@@ -110,8 +116,8 @@ def int_product(codes: torch.Tensor, w: W8A8Prepared) -> torch.Tensor:
 
 
 def run(x: torch.Tensor, w) -> torch.Tensor:
-    if w.method == "gemm":  # codes, then the exact products and float32 rescale, in C
-        y = i8_gemm.run_codes(i8_gemm.act_codes(x, 0, w.weight, w.act.bits, w.act.clip), w.weight)
+    if w.method == "gemm":  # codes, the exact products and float32 rescale in one C call
+        y = i8_gemm.linear(x, w.args, w.weight.out)
     elif w.method == "native" and x.dim() == 2 and x.shape[0] >= INT_MM_MIN_TOKENS and int_mm_for_batches():
         y = _int_mm_on_native(x, w.weight, w.act)
     elif w.method == "native":  # codes and float(P) * (x_scale * w_scale) in C: the float method's bits

@@ -20,9 +20,12 @@
  * Builds: AVX-512 VNNI (zmm vpdpbusd); AVX-512 BW without VNNI and AVX2 use vpmaddubsw + vpmaddwd,
  * exact because vpmaddubsw's int16 pair sums cannot saturate for 4-bit u (2 * 15 * 128 < 2^15) and
  * 8-bit u is split into two nibbles (sum(u x) = 16 sum(u_hi x) + sum(u_lo x)); AVX-VNNI (ymm
- * vpdpbusd); the portable C loop. Threads: the work pool (work_pool.h) over tiles of rows.
+ * vpdpbusd); the portable C loop. AMX-INT8 builds run tiles from 8 tokens (INT8 panels) or 16 (4-bit)
+ * on (i8_amx.h): the same integers. Threads: the work pool (work_pool.h) over tiles of rows, and over
+ * blocks of tokens for the activation passes.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -182,6 +185,17 @@ static void i8_item(const void *ctx, int64_t item) {
 #define I8_ROWS_PER_ITEM PANEL
 #endif
 
+#include "i8_amx.h"
+
+/* 1 where this build runs AMX-INT8 tiles (from AMX_MIN_T tokens on) and the OS granted tile state. */
+int i8_gemm_amx(void) {
+#if I8_AMX
+    return amx_ready();
+#else
+    return 0;
+#endif
+}
+
 /* int16 codes [t, n] (row stride ns) -> int8 [t, kp] zero padded; zx [t, ng] = zero * each group's sum. */
 static void to_int8(const int16_t *q, int64_t ns, int64_t t, int64_t n, int64_t kp, int64_t group, int64_t ng,
                     int32_t zero, int8_t *x, int32_t *zx) {
@@ -196,6 +210,25 @@ static void to_int8(const int16_t *q, int64_t ns, int64_t t, int64_t n, int64_t 
             zx[i * ng + g] = (int32_t)(s * (uint32_t)zero);
         }
     }
+}
+
+/* The per-token passes before the products, shared out over the work pool by blocks of tokens (a
+ * token's bytes never depend on which thread wrote them). */
+#define TOKENS_PER_ITEM 8
+
+struct int8_job {
+    const int16_t *q;
+    int64_t t, ns, n, kp, group, ng;
+    int32_t zero;
+    int8_t *x;
+    int32_t *zx;
+};
+
+static void int8_item(const void *ctx, int64_t item) {
+    const struct int8_job *J = ctx;
+    const int64_t i0 = item * TOKENS_PER_ITEM, cnt = J->t - i0 < TOKENS_PER_ITEM ? J->t - i0 : TOKENS_PER_ITEM;
+    to_int8(J->q + i0 * J->ns, J->ns, cnt, J->n, J->kp, J->group, J->ng, J->zero, J->x + i0 * J->kp,
+            J->zx + i0 * J->ng);
 }
 
 /* y [t, out] float32 = the groups' rescaled exact products of INT8/INT4 codes xq [t, kp] (int16,
@@ -213,20 +246,61 @@ int i8_gemm(const uint8_t *w, int nibbles, const float *sw, int32_t zero, int64_
         free(x), free(zx);
         return -1;
     }
-    to_int8(xq, kp, t, kp, kp, group, ng, zero, x, zx);
+    struct int8_job J = {xq, t, kp, kp, kp, group, ng, zero, x, zx};
+    pool_run(int8_item, &J, (t + TOKENS_PER_ITEM - 1) / TOKENS_PER_ITEM, threads);
     struct i8_args A = {w, sw, out, kp, group, ng, t, zero, nibbles, x, sx, zx, NULL, NULL, 0, NULL, NULL, NULL, y};
     if (wo) {
         int8_t *xo8 = x + t * kp;
-        to_int8(xo, ko, t, ko, kpo, kpo, 1, 128, xo8, zx + t * ng);
+        struct int8_job O = {xo, t, ko, ko, kpo, kpo, 1, 128, xo8, zx + t * ng};
+        pool_run(int8_item, &O, (t + TOKENS_PER_ITEM - 1) / TOKENS_PER_ITEM, threads);
         A.wo = wo, A.swo = swo, A.kpo = kpo, A.xo = xo8, A.sxo = sxo, A.zxo = zx + t * ng;
     }
-    pool_run(i8_item, &A, (out + I8_ROWS_PER_ITEM - 1) / I8_ROWS_PER_ITEM, threads);
+#if I8_AMX
+    if (t < AMX_MIN_T(nibbles) || amx_run(&A, threads))
+#endif
+        pool_run(i8_item, &A, (out + I8_ROWS_PER_ITEM - 1) / I8_ROWS_PER_ITEM, threads);
     free(x), free(zx);
     return 0;
 }
 
 /* The integer kinds' activation codes (act_sym.h) for this library's callers. */
 ACT_SYM_EXPORT(i8_act_sym)
+
+/* Gather (x[:, perm]) and activation codes of a block of tokens (act_sym.h), for the work pool. */
+struct act_job {
+    const void *x;
+    int x_bf16;
+    const int64_t *perm;
+    void *xg;
+    int64_t t, n_in, n, group, ng, kp;
+    int bits;
+    float clip;
+    int16_t *xq;
+    float *sx;
+    int32_t *xsum;
+    int16_t *oq;
+    float *osx;
+    _Atomic int64_t bad; /* tokens with a NaN or Inf */
+};
+
+static void act_item(const void *ctx, int64_t item) {
+    struct act_job *J = (struct act_job *)ctx; /* only `bad` is written, atomically */
+    const int64_t i0 = item * TOKENS_PER_ITEM, cnt = J->t - i0 < TOKENS_PER_ITEM ? J->t - i0 : TOKENS_PER_ITEM;
+    const size_t esz = J->x_bf16 ? 2 : 4;
+    const char *x = (const char *)J->x + (size_t)(i0 * J->n_in) * esz;
+    if (J->perm) {
+        char *g = (char *)J->xg + (size_t)(i0 * J->n_in) * esz;
+        for (int64_t i = 0; i < cnt; i++)
+            for (int64_t j = 0; j < J->n_in; j++)
+                memcpy(g + (i * J->n_in + j) * esz, x + (i * J->n_in + J->perm[j]) * esz, esz);
+        x = g;
+    }
+    const int64_t k = J->n_in - J->n;
+    int64_t bad = act_sym_tokens(x, J->x_bf16, cnt, J->n_in, J->n, J->group, J->ng, J->kp, J->bits, J->clip,
+                                 J->xq + i0 * J->kp, J->sx + i0 * J->ng, J->xsum + i0 * J->ng, J->oq + i0 * k,
+                                 J->osx + i0);
+    if (bad) atomic_fetch_add(&J->bad, bad);
+}
 
 /* One W8A8 / W4A4 linear, one crossing from Python (a decode step calls every layer): x [t, n_in]
  * float32 (x_bf16 = 0) or bfloat16 (1), read through perm when it is not NULL (x[:, perm], the
@@ -251,16 +325,12 @@ int i8_gemm_linear(const uint8_t *w, int nibbles, const float *sw, int32_t zero,
     float *yf = y_bf16 ? malloc((size_t)(t * out) * sizeof(float)) : (float *)y;
     int rc = -1;
     if ((perm && !xg) || !xq || !sx || !xsum || !yf) goto done;
-    if (perm) {
-        for (int64_t i = 0; i < t; i++)
-            for (int64_t j = 0; j < n_in; j++)
-                memcpy((char *)xg + (i * n_in + j) * esz, (const char *)x + (i * n_in + perm[j]) * esz, esz);
-        x = xg;
-    }
     int16_t *oq = xq + t * kp;
     float *osx = sx + t * ng;
+    struct act_job J = {x, x_bf16, perm, xg, t, n_in, n, group, ng, kp, bits, clip, xq, sx, xsum, oq, osx, 0};
+    pool_run(act_item, &J, (t + TOKENS_PER_ITEM - 1) / TOKENS_PER_ITEM, threads);
     rc = -2;
-    if (act_sym_tokens(x, x_bf16, t, n_in, n, group, ng, kp, bits, clip, xq, sx, xsum, oq, osx)) goto done;
+    if (atomic_load(&J.bad)) goto done;
     rc = -1;
     if (i8_gemm(w, nibbles, sw, zero, out, kp, group, ng, xq, sx, t, k ? wo : NULL, swo, kpo, oq, k, osx, yf, threads))
         goto done;

@@ -1,0 +1,236 @@
+/* AMX-INT8 tiles for the batched W8A8 / W4A4 kernel (included by i8_gemm.c after its vector tiles,
+ * whose i8_args, panels and i8_item it uses). Defines I8_AMX (1 where the build has AMX-INT8), and
+ * then amx_ready() and amx_run(). */
+#ifndef LOWBIT_I8_AMX_H
+#define LOWBIT_I8_AMX_H
+#if I8_SIMD == 512 && defined(__AMX_TILE__) && defined(__AMX_INT8__)
+/* AMX-INT8 (from 8 or 16 tokens, AMX_MIN_T): the same exact int32 per (token, row, group), from tiles.
+ * TDPBSUD multiplies a signed A tile [16 tokens][64 channels] (the activation codes) by an unsigned
+ * B tile [16 rows of 4 channels][16 rows x 4 bytes] (the weight), which is exactly 16 of the
+ * panels' 64-byte vectors: INT8 panels are read in place, 4-bit ones unpacked (low nibbles, then
+ * high) into a per-thread buffer. Each group is laid out on whole 64-channel steps (gs channels,
+ * zero padded, activations and weights alike), so a zero-padded channel adds 0. Per group the 2 x 2
+ * int32 tiles (32 tokens x 32 rows) are stored and rescaled with the float steps of tile() above,
+ * in the same order: the same bits. No sum can overflow int32 at these widths (|u x| <= 255 * 128
+ * over at most 2^16 channels per group). */
+#include <sys/syscall.h>
+#include <unistd.h>
+#define I8_AMX 1
+#ifdef AMX_MIN_TOKENS /* -DAMX_MIN_TOKENS=N: measure another threshold */
+#define AMX_MIN_T(nibbles) AMX_MIN_TOKENS
+#else
+/* fewer tokens leave the A tiles mostly empty: the VNNI tiles win below 16 tokens for 4-bit panels
+ * (which AMX must unpack first) and below 8 for INT8 ones (measured on 4096², README) */
+#define AMX_MIN_T(nibbles) ((nibbles) ? 16 : 8)
+#endif
+#define AK 64        /* channels per tile step */
+
+static int amx_state = -1; /* -1: not asked yet; 0: the OS refused tile data; 1: granted */
+static int amx_ready(void) {
+    if (amx_state < 0) /* Linux hands out AMX tile state only on request (ARCH_REQ_XCOMP_PERM, XTILEDATA) */
+        amx_state = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    return amx_state;
+}
+
+struct amx_args {
+    const struct i8_args *A;
+    int64_t gs, kpa, kpoa, tp; /* channels per padded group; padded widths (normal, outliers); tokens padded to 32 */
+    const int8_t *xa, *xoa;    /* [tp, kpa], [tp, kpoa] */
+    int direct;                /* INT8 panels whose groups are whole tile steps: read in place */
+};
+
+/* 16 rows' B vectors from panel rows r0.. into dst over the padded layout (group g at g * gs). */
+static void amx_fill(uint8_t *dst, const uint8_t *w, int nibbles, int64_t kp, int64_t r0, int64_t group, int64_t ng,
+                     int64_t gs) {
+    for (int64_t g = 0; g < ng; g++) {
+        int64_t a = g * group, b = a + group < kp ? a + group : kp;
+        uint8_t *d = dst + g * gs * PANEL;
+        if (nibbles)
+            for (int64_t k = a; k < b; k += 8, d += 128) {
+                vi_t raw = VLOAD(w + panel_at(r0, k, kp, 1));
+                _mm512_storeu_si512((void *)d, VMASK4(raw));
+                _mm512_storeu_si512((void *)(d + 64), VSHR4(raw));
+            }
+        else
+            for (int64_t k = a; k < b; k += 4, d += 64) memcpy(d, w + panel_at(r0, k, kp, 0), 64);
+        memset(d, 0, (size_t)(dst + (g + 1) * gs * PANEL - d));
+    }
+}
+
+static void amx_config(void) {
+    struct {
+        uint8_t palette, start, reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 8; i++) c.colsb[i] = 64, c.rows[i] = 16;
+    _tile_loadconfig(&c);
+}
+
+/* int32 tiles C[token half][row panel] of 32 tokens x nv panels over channels [c0, c1) of the
+ * padded layout, added to the tiles in cin (NULL: from 0), stored to cout. */
+static inline void amx_products(const int8_t *x, int64_t xs, const uint8_t *const *b, int nv, int64_t c0, int64_t c1,
+                                int32_t (*cin)[2][256], int32_t (*cout)[2][256]) {
+    if (cin) {
+        _tile_loadd(0, cin[0][0], 64);
+        _tile_loadd(1, cin[1][0], 64);
+        if (nv == 2) {
+            _tile_loadd(2, cin[0][1], 64);
+            _tile_loadd(3, cin[1][1], 64);
+        }
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (int64_t c = c0; c < c1; c += AK) {
+        _tile_loadd(4, x + c, xs);
+        _tile_loadd(5, x + 16 * xs + c, xs);
+        _tile_loadd(6, b[0] + c * PANEL, 64);
+        _tile_dpbsud(0, 4, 6);
+        _tile_dpbsud(1, 5, 6);
+        if (nv == 2) {
+            _tile_loadd(7, b[1] + c * PANEL, 64);
+            _tile_dpbsud(2, 4, 7);
+            _tile_dpbsud(3, 5, 7);
+        }
+    }
+    _tile_stored(0, cout[0][0], 64);
+    _tile_stored(1, cout[1][0], 64);
+    if (nv == 2) {
+        _tile_stored(2, cout[0][1], 64);
+        _tile_stored(3, cout[1][1], 64);
+    }
+}
+
+#ifndef AMX_ROWS
+#define AMX_ROWS 64 /* rows per work item: A read once from memory per 64 rows, then from L1 */
+#endif
+#ifndef AMX_KB
+#define AMX_KB 512 /* channels per cache block (measured best of 128-1024 at 64 and 512 tokens on 4096²) */
+#endif
+
+/* Per-thread memory of one item: unpacked B panels, int32 tiles kept across K blocks, float sums. */
+static __thread uint8_t *amx_buf;
+static __thread int64_t amx_cap;
+
+static void amx_item(const void *ctx, int64_t item) {
+    const struct amx_args *M = ctx;
+    const struct i8_args *A = M->A;
+    const int64_t r0 = item * AMX_ROWS, ng = A->ng, ns = M->tp / 32;
+    const int np = (A->out - r0) / PANEL < AMX_ROWS / PANEL ? (int)((A->out - r0) / PANEL) : AMX_ROWS / PANEL;
+    const int npair = (np + 1) / 2;
+    const int64_t nb = M->direct ? 0 : np * M->kpa * PANEL, ob = A->wo ? np * M->kpoa * PANEL : 0;
+    const int64_t cbytes = ns * npair * 4 * 1024, fbytes = M->tp * AMX_ROWS * 4, need = nb + ob + cbytes + fbytes + 64;
+    if (need > amx_cap) {
+        free(amx_buf);
+        amx_buf = aligned_alloc(64, (size_t)(need + 63) / 64 * 64);
+        amx_cap = amx_buf ? need : 0;
+    }
+    if (!amx_buf) { /* no memory for the tiles' buffers: the vector tiles over the same rows, the same bits */
+        for (int64_t it = r0 / I8_ROWS_PER_ITEM; it * I8_ROWS_PER_ITEM < r0 + np * PANEL; it++) i8_item(A, it);
+        return;
+    }
+    int32_t(*cbuf)[2][2][256] = (void *)(amx_buf + nb + ob); /* [ns * npair] */
+    float *fs = (float *)(amx_buf + nb + ob + cbytes);     /* [tp][AMX_ROWS] */
+    const uint8_t *bn[AMX_ROWS / PANEL], *bo[AMX_ROWS / PANEL];
+    for (int p = 0; p < np; p++) {
+        if (M->direct)
+            bn[p] = A->w + panel_at(r0 + p * PANEL, 0, A->kp, 0);
+        else
+            amx_fill(amx_buf + p * M->kpa * PANEL, A->w, A->nibbles, A->kp, r0 + p * PANEL, A->group, ng, M->gs),
+                bn[p] = amx_buf + p * M->kpa * PANEL;
+        if (A->wo)
+            amx_fill(amx_buf + nb + p * M->kpoa * PANEL, A->wo, 0, A->kpo, r0 + p * PANEL, A->kpo, 1, M->kpoa),
+                bo[p] = amx_buf + nb + p * M->kpoa * PANEL;
+    }
+    memset(fs, 0, (size_t)fbytes);
+    amx_config();
+    int32_t cb[2][2][256] __attribute__((aligned(64)));
+    for (int64_t g = 0; g <= ng; g++) { /* g == ng: the INT8 outliers, one group */
+        if (g == ng && !A->wo) break;
+        const int out = g == ng;
+        const int64_t len = out ? A->kpo : ((g + 1) * A->group < A->kp ? A->group : A->kp - g * A->group);
+        const int64_t c0 = out ? 0 : g * M->gs, c1 = c0 + (len + AK - 1) / AK * AK, xs = out ? M->kpoa : M->kpa;
+        const int8_t *x = out ? M->xoa : M->xa;
+        const uint8_t *const *b = out ? bo : bn;
+        for (int64_t kb = c0; kb < c1; kb += AMX_KB) {
+            const int64_t ke = kb + AMX_KB < c1 ? kb + AMX_KB : c1;
+            for (int64_t si = 0; si < ns; si++)
+                for (int pr = 0; pr < npair; pr++) {
+                    const int nv = np - 2 * pr < 2 ? np - 2 * pr : 2;
+                    int32_t(*keep)[2][256] = cbuf[si * npair + pr];
+                    amx_products(x + si * 32 * xs, xs, b + 2 * pr, nv, kb, ke, kb == c0 ? NULL : keep,
+                                 ke == c1 ? cb : keep);
+                    if (ke != c1) continue;
+                    const int64_t i0 = si * 32;
+                    const int mr = A->t - i0 < 32 ? (int)(A->t - i0) : 32;
+                    for (int v = 0; v < nv; v++) {
+                        const int64_t r = r0 + (2 * pr + v) * PANEL;
+                        vf_t swv = out ? FLOAD(A->swo + r) : FLOAD(A->sw + ((r / PANEL) * ng + g) * PANEL);
+                        for (int m = 0; m < mr; m++) {
+                            float *f = fs + (i0 + m) * AMX_ROWS + (2 * pr + v) * PANEL;
+                            if (out) {
+                                vi_t p = VSUB32(VLOAD32(cb[m / 16][v] + (m % 16) * 16), VSET32(A->zxo[i0 + m]));
+                                FSTORE(f, FADD(FLOAD(f), FMA(FCVT(p), FMUL(swv, FSET(A->sxo[i0 + m])), FZERO())));
+                            } else {
+                                int64_t q = (i0 + m) * ng + g;
+                                vi_t p = VSUB32(VLOAD32(cb[m / 16][v] + (m % 16) * 16), VSET32(A->zx[q]));
+                                FSTORE(f, FMA(FCVT(p), FMUL(swv, FSET(A->sx[q])), FLOAD(f)));
+                            }
+                        }
+                    }
+                }
+        }
+    }
+    _tile_release();
+    for (int64_t i = 0; i < A->t; i++)
+        memcpy(A->y + i * A->out + r0, fs + i * AMX_ROWS, (size_t)np * PANEL * sizeof(float));
+}
+
+/* x [t, kp] -> xa [tp, ng * gs]: each group on whole tile steps, zero padded (tokens t.. zero too);
+ * one item per 32 tokens of tp. */
+struct rows_job {
+    const int8_t *x;
+    int64_t t, kp, group, ng, gs;
+    int8_t *xa;
+};
+
+static void amx_rows_item(const void *ctx, int64_t item) {
+    const struct rows_job *J = ctx;
+    const int64_t w = J->ng * J->gs;
+    memset(J->xa + item * 32 * w, 0, (size_t)(32 * w));
+    for (int64_t i = item * 32; i < J->t && i < item * 32 + 32; i++)
+        for (int64_t g = 0; g < J->ng; g++) {
+            int64_t a = g * J->group, b = a + J->group < J->kp ? a + J->group : J->kp;
+            memcpy(J->xa + i * w + g * J->gs, J->x + i * J->kp + a, (size_t)(b - a));
+        }
+}
+
+/* Runs the call on AMX tiles; 0 if it did, 1 if it could not (no tile permission, no memory). */
+static int amx_run(const struct i8_args *A, int threads) {
+    if (!amx_ready()) return 1;
+    struct amx_args M = {A, (A->group + AK - 1) / AK * AK, 0, A->wo ? (A->kpo + AK - 1) / AK * AK : 0,
+                         (A->t + 31) / 32 * 32, NULL, NULL, 0};
+    M.kpa = A->ng * M.gs;
+    M.direct = !A->nibbles && M.gs == A->group && A->kp % AK == 0;
+    int8_t *xa = malloc((size_t)(M.tp * (M.kpa + M.kpoa)) + 64);
+    if (!xa) return 1;
+    struct rows_job R = {A->x, A->t, A->kp, A->group, A->ng, M.gs, xa};
+    pool_run(amx_rows_item, &R, M.tp / 32, threads);
+    if (A->wo) {
+        struct rows_job O = {A->xo, A->t, A->kpo, A->kpo, 1, M.kpoa, xa + M.tp * M.kpa};
+        pool_run(amx_rows_item, &O, M.tp / 32, threads);
+    }
+    M.xa = xa, M.xoa = xa + M.tp * M.kpa;
+    pool_run(amx_item, &M, (A->out + AMX_ROWS - 1) / AMX_ROWS, threads);
+    free(xa);
+    return 0;
+}
+#else
+#define I8_AMX 0
+#endif
+#endif
