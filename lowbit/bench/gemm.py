@@ -1,6 +1,7 @@
 """``lowbit bench gemm``: each quantized linear kernel next to fp32 and bf16 ``F.linear``,
-measured side by side in one run (median of repeats), with bytes moved, operations, GB/s,
-TFLOP/s and the roofline bound, on the default model's and Llama-7B's shapes.
+measured side by side in one run (every kernel timed in turn within each repeat; medians), with
+bytes moved, operations, GB/s, TFLOP/s and the roofline bound, on the default model's and
+Llama-7B's shapes.
 
 Roofline: bound = max(bytes / copy bandwidth, ops / peak), with the copy bandwidth measured in
 the same run and the peak = the best fp32/bf16 ``F.linear`` rate seen in the run (an empirical
@@ -51,37 +52,43 @@ def parse_shapes(spec: str) -> list[tuple[str, int, int]]:
 
 
 def median_time(fn, repeats: int, sync, max_seconds: float = float("inf"), amortize: bool = False) -> tuple[float, int]:
-    """(median seconds per call, repeats done) after one warm-up call.
+    """(median seconds per call, repeats done) of one callable: :func:`interleaved_medians` of one."""
+    return interleaved_medians({"": fn}, repeats, sync, max_seconds, amortize)[""]
 
-    ``amortize`` (GPUs): each repeat times a loop of calls long enough (~5 ms) that the launch
-    and synchronisation overhead of one call does not dominate, and divides by the loop length,
+
+def interleaved_medians(fns: dict, repeats: int, sync, max_seconds: float = float("inf"),
+                        amortize: bool = False) -> dict:
+    """``{name: (median seconds per call, repeats done)}`` after one warm-up call each; every repeat
+    times each callable once in turn, so a machine that speeds up or slows down during the run
+    (shared hosts: 2x swings seen within a minute) shifts every row alike and the ratios hold.
+    A callable whose warm-up took longer than ``max_seconds`` is timed once.
+
+    ``amortize`` (GPUs): each timing is a loop of calls long enough (~5 ms) that the launch
+    and synchronisation overhead of one call does not dominate, divided by the loop length,
     which is how kernels run back to back inside a model.
     """
     import statistics
     import time
 
-    sync()
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    first = time.perf_counter() - t0
-    n = 1 if first > max_seconds else repeats
-    inner = 1
-    if amortize:
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        inner = max(1, min(1000, int(0.005 / max(time.perf_counter() - t0, 1e-7))))
-    ts = []
-    for _ in range(n):
+    def timed(fn, inner: int) -> float:
         sync()
         t0 = time.perf_counter()
         for _ in range(inner):
             fn()
         sync()
-        ts.append((time.perf_counter() - t0) / inner)
-    return statistics.median(ts), n
+        return (time.perf_counter() - t0) / inner
+
+    plan = {}
+    for name, fn in fns.items():
+        first = timed(fn, 1)
+        inner = max(1, min(1000, int(0.005 / max(timed(fn, 1), 1e-7)))) if amortize else 1
+        plan[name] = (1 if first > max_seconds else repeats, inner)
+    ts = {name: [] for name in fns}
+    for r in range(max(n for n, _ in plan.values()) if plan else 0):
+        for name, fn in fns.items():
+            if r < plan[name][0]:
+                ts[name].append(timed(fn, plan[name][1]))
+    return {name: (statistics.median(v), len(v)) for name, v in ts.items()}
 
 
 def tensor_bytes(obj) -> int:
@@ -159,18 +166,17 @@ def run(args) -> int:
     check_output_dir(args.out, "--out")
     copy_bw = _copy_bandwidth(dev, sync, args.repeats)
     rows = []
-    total = len(shapes) * len(kernels)
-    with tqdm(total=total, desc="gemm", disable=None) as bar:
+    with tqdm(total=len(shapes) * (len(kernels) + len(batches)), desc="gemm", disable=None) as bar:
         for sname, n_in, n_out in shapes:
             torch.manual_seed(0)
             w32 = torch.randn(n_out, n_in) / n_in ** 0.5
+            prepared = {}  # kernel -> (calls over weight copies, impl, weight bytes, input dtype)
             for kname in kernels:
-                bar.set_postfix_str(f"{sname} {kname}")
+                bar.set_postfix_str(f"{sname} prepare {kname}")
                 if kname in ("fp32", "bf16"):
                     dt = torch.float32 if kname == "fp32" else torch.bfloat16
                     ws = [w32.to(device=dev, dtype=dt) for _ in range(_copies(dev, w32.numel() * dt.itemsize))]
-                    calls = [lambda x, w=w: F.linear(x, w) for w in ws]
-                    impl, wbytes, xdt = "F.linear", tensor_bytes(ws[0]), dt
+                    prepared[kname] = ([lambda x, w=w: F.linear(x, w) for w in ws], "F.linear", tensor_bytes(ws[0]), dt)
                 else:
                     kind, _, method = kname.partition("@")
                     # Atom keeps 128 of 4096 channels in INT8; the default model's preset keeps 32
@@ -179,18 +185,26 @@ def run(args) -> int:
                     pl = prepare(p, dev, args.kernel, cpu_method=method or None)
                     calls = [pl] + [prepare(p, dev, args.kernel, cpu_method=method or None)
                                     for _ in range(_copies(dev, tensor_bytes(pl.state)) - 1)]
-                    impl, wbytes, xdt = pl.kernel, tensor_bytes(pl.state), torch.float32
-                for t in batches:
-                    x = torch.randn(t, n_in, device=dev).to(xdt)
-                    rotation = itertools.cycle(calls)
-                    sec, n = median_time(lambda: next(rotation)(x), args.repeats, sync, args.max_seconds,
-                                         amortize=dev.type == "cuda")
+                    prepared[kname] = (calls, pl.kernel, tensor_bytes(pl.state), torch.float32)
+                bar.update(1)
+            for t in batches:  # every kernel of this batch timed in turn within each repeat
+                bar.set_postfix_str(f"{sname} batch {t}")
+                x32 = torch.randn(t, n_in, device=dev)
+                xs = {kname: x32.to(xdt) for kname, (_, _, _, xdt) in prepared.items()}
+                fns = {kname: (lambda c=itertools.cycle(calls), x=xs[kname]: next(c)(x))
+                       for kname, (calls, _, _, _) in prepared.items()}
+                timed = interleaved_medians(fns, args.repeats, sync, args.max_seconds, amortize=dev.type == "cuda")
+                for kname, (_, impl, wbytes, xdt) in prepared.items():
+                    sec, n = timed[kname]
+                    x = xs[kname]
                     ops = 2.0 * t * n_in * n_out
                     moved = wbytes + x.numel() * x.element_size() + t * n_out * (4 if xdt == torch.float32 else 2)
                     rows.append({"shape": sname, "in": n_in, "out": n_out, "batch": t, "kernel": kname, "impl": impl,
                                  "ms": sec * 1e3, "repeats": n, "weight_bytes": wbytes, "bytes": moved, "ops": ops,
                                  "GBps": moved / sec / 1e9, "TFLOPps": ops / sec / 1e12})
                 bar.update(1)
+            del prepared
+    rows.sort(key=lambda r: (r["shape"], kernels.index(r["kernel"]), r["batch"]))
     _finish(rows, copy_bw)
     _print(console, rows, copy_bw, dev)
     meta = args_meta(args)

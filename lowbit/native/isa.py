@@ -3,7 +3,7 @@
 What a variant changes today: AVX2 vectorises every kernel; the VNNI variants (AVX-VNNI on
 AVX2-only cores, AVX512-VNNI) fuse each int16 multiply-add and its accumulation into one
 ``vpdpwssd`` (the same integers); AVX-512 and BF16 let the compiler use them where it can; AMX
-runs the batched W8A8 / W4A4 kernel (``csrc/i8_gemm.c``) on int8 tiles from 16 tokens on.
+runs the batched W8A8 / W4A4 kernel (``csrc/i8_gemm.c``) on int8 tiles from 8 / 48 tokens on.
 
 Each variant is a set of compiler target flags, so every variant compiles on every x86-64 machine
 (the compiler does not need the instructions it emits; ``tests/native/test_isa.py`` builds them

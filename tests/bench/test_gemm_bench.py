@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from lowbit.bench.gemm import _finish, parse_shapes, tensor_bytes
+from lowbit.bench.gemm import _finish, interleaved_medians, parse_shapes, tensor_bytes
 from lowbit.cli import main
 from lowbit.kernels import from_float
 from lowbit.kernels.cpu import w4a4, w4a16
@@ -28,6 +28,21 @@ def test_roofline_and_speedups():
     assert w4["roofline_ms"] == pytest.approx(2.0)  # compute: 2e6 / 1e9 s > 0.5e6 B / 1e9 B/s
     assert w4["bound_by"] == "compute" and w4["of_roofline"] == pytest.approx(2.0)
     assert rows[0]["bound_by"] == "memory" and rows[0]["roofline_ms"] == pytest.approx(4.0)
+
+
+def test_kernels_are_timed_in_turn_within_each_repeat():
+    """A machine whose speed drifts during the run must shift every row alike: after one warm-up
+    call each, the repeats go a, b, c, a, b, c, ...; a callable slower than max_seconds runs once."""
+    import time
+
+    calls = []
+    fns = {k: (lambda k=k: calls.append(k)) for k in "abc"}
+    fns["slow"] = lambda: (calls.append("slow"), time.sleep(0.02))
+    got = interleaved_medians(fns, 3, lambda: None, max_seconds=0.01)
+    assert calls[:4] == ["a", "b", "c", "slow"]  # warm-ups
+    assert calls[4:] == ["a", "b", "c", "slow", "a", "b", "c", "a", "b", "c"]
+    assert {k: n for k, (_, n) in got.items()} == {"a": 3, "b": 3, "c": 3, "slow": 1}
+    assert got["slow"][0] >= 0.02 > got["a"][0]
 
 
 def test_tensor_bytes_counts_dataclass_tensors():

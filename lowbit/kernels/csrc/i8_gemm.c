@@ -20,7 +20,7 @@
  * Builds: AVX-512 VNNI (zmm vpdpbusd); AVX-512 BW without VNNI and AVX2 use vpmaddubsw + vpmaddwd,
  * exact because vpmaddubsw's int16 pair sums cannot saturate for 4-bit u (2 * 15 * 128 < 2^15) and
  * 8-bit u is split into two nibbles (sum(u x) = 16 sum(u_hi x) + sum(u_lo x)); AVX-VNNI (ymm
- * vpdpbusd); the portable C loop. AMX-INT8 builds run tiles from 8 tokens (INT8 panels) or 16 (4-bit)
+ * vpdpbusd); the portable C loop. AMX-INT8 builds run tiles from 8 tokens (INT8 panels) or 48 (4-bit)
  * on (i8_amx.h): the same integers. Threads: the work pool (work_pool.h) over tiles of rows, and over
  * blocks of tokens for the activation passes.
  */

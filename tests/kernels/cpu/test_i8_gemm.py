@@ -55,10 +55,11 @@ def test_w4a4_gemm_equals_gemv_and_portable_for_1_to_17_tokens(out, n, k, group,
 @pytest.mark.parametrize("out,n,k,group", [(37, 333, 13, 64), (64, 576, 0, 128), (50, 1024, 128, 128),
                                            (17, 640, 5, 0), (96, 200, 32, 64)])
 def test_tiles_of_many_tokens_equal_the_portable_build(out, n, k, group):
-    """From 16 tokens on an AMX build runs int8 tiles (32 tokens x 32 rows, groups padded to 64-channel
-    steps, INT8 panels read in place where they fit, 4-bit ones unpacked): the same bits as the
-    portable loop at the tiles' edges (15-17, 31-33, 70 tokens), with and without outliers, for W4A4
-    and W8A8. Elsewhere this compares the vector tiles over as many tokens."""
+    """An AMX build runs int8 tiles (32 tokens x 32 rows, groups padded to 64-channel steps, INT8
+    panels read in place where they fit, 4-bit ones unpacked) from 8 tokens (W8A8) or 48 (W4A4); a
+    build with the threshold at 1 runs them for every batch. Both give the portable loop's bits at
+    the tiles' edges (1, 15-17, 31-33, 70 tokens), with and without outliers. Without AMX this
+    compares the vector tiles over as many tokens."""
     torch.manual_seed(out + n + k)
     p4 = from_float(torch.randn(out, n + k), "w4a4", group=group, n_outliers=k, act_clip=0.9)
     p8 = from_float(torch.randn(out, n), "w8a8")
@@ -68,11 +69,17 @@ def test_tiles_of_many_tokens_equal_the_portable_build(out, n, k, group):
     c8 = i8_gemm.act_codes(x[:, :n] * 7, 0, s8.weight, 8, 1.0)
     y4 = i8_gemm.run_codes(c4, s4.normal, s4.outlier, lib=_portable())
     y8 = i8_gemm.run_codes(c8, s8.weight, lib=_portable())
-    for t in (15, 16, 17, 31, 32, 33, 70):
-        c4t = type(c4)(*(getattr(c4, f)[:t] for f in ("xq", "scale", "xsum", "outlier", "outlier_scale")))
-        c8t = type(c8)(*(getattr(c8, f)[:t] for f in ("xq", "scale", "xsum", "outlier", "outlier_scale")))
-        assert torch.equal(i8_gemm.run_codes(c4t, s4.normal, s4.outlier), y4[:t]), t
-        assert torch.equal(i8_gemm.run_codes(c8t, s8.weight), y8[:t]), t
+    from lowbit.native import isa
+
+    libs = [None]
+    if isa.runnable(isa.BY_NAME["amx"]):
+        libs.append(i8_gemm.library(("-O3", *isa.BY_NAME["amx"].flags, "-pthread", "-DAMX_MIN_TOKENS=1")))
+    for lib in libs:
+        for t in (1, 15, 16, 17, 31, 32, 33, 70):
+            c4t = type(c4)(*(getattr(c4, f)[:t] for f in ("xq", "scale", "xsum", "outlier", "outlier_scale")))
+            c8t = type(c8)(*(getattr(c8, f)[:t] for f in ("xq", "scale", "xsum", "outlier", "outlier_scale")))
+            assert torch.equal(i8_gemm.run_codes(c4t, s4.normal, s4.outlier, lib=lib), y4[:t]), (t, lib)
+            assert torch.equal(i8_gemm.run_codes(c8t, s8.weight, lib=lib), y8[:t]), (t, lib)
     assert torch.equal(w4a4.run(x, s4), w4a4.run(x, w4a4.prepare(p4, "native")))
 
 
