@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lowbit.kernels.channel_order import permute_channels
 from lowbit.kernels.dispatch import PreparedLinear, prepare
 from lowbit.kernels.linear_params import KernelError, LinearParams, from_quant_linear
 
@@ -66,7 +67,7 @@ class SharedInput:
         return y
 
     def _compute(self, x: torch.Tensor) -> None:
-        xp = x if self.input_perm is None else x.index_select(-1, self.input_perm.to(x.device))
+        xp = x if self.input_perm is None else permute_channels(x, self.input_perm.to(x.device))
         self._parts = list(self.prepared.batched(xp).split(self.sizes, dim=-1))
         self._left = len(self._parts)
         self._x, self._version = x, None if x.is_inference() else x._version

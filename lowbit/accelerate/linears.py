@@ -12,6 +12,7 @@ from collections import Counter
 import torch
 from torch import nn
 
+from lowbit.kernels.channel_order import permute_channels
 from lowbit.kernels.dispatch import PreparedLinear, prepare
 from lowbit.kernels.linear_params import KernelError, from_quant_linear
 
@@ -41,7 +42,7 @@ class KernelLinear(nn.Module):
         if t is not None and t.before_perm:
             x = t(x)
         if self.input_perm is not None:
-            x = x.index_select(-1, self.input_perm)
+            x = permute_channels(x, self.input_perm)
         if t is not None and not t.before_perm:
             x = t(x)
         return self.prepared.batched(x)

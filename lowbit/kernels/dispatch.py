@@ -17,6 +17,7 @@ import torch
 
 from lowbit.kernels.cpu import a16_gemm, w4_gemv, w4a4, w4a16, w8_gemv, w8a8, w8a16
 from lowbit.kernels import reference
+from lowbit.kernels.channel_order import permute_channels
 from lowbit.kernels.triton import w4a4 as triton_w4a4
 from lowbit.kernels.linear_params import KernelError, LinearParams
 
@@ -97,7 +98,7 @@ class PreparedLinear:
         if not x.is_floating_point():
             raise TypeError(f"activations must be floating point, got {x.dtype}")
         if self.input_perm is not None:
-            x = x.index_select(1, self.input_perm)
+            x = permute_channels(x, self.input_perm)
         return self.fn(x, self.state)
 
     def batched(self, x: torch.Tensor) -> torch.Tensor:
@@ -107,7 +108,7 @@ class PreparedLinear:
         if not x.is_floating_point():
             raise TypeError(f"activations must be floating point, got {x.dtype}")
         if self.input_perm is not None and not self._gathers:
-            x = x.index_select(-1, self.input_perm)
+            x = permute_channels(x, self.input_perm)
         if self._direct is not None:
             y = self._direct(x, self.state)
         else:

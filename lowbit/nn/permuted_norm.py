@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lowbit.kernels.channel_order import permute_channels
+
 
 class PermutedNorm(nn.Module):
     def __init__(self, norm: nn.Module, perm: torch.Tensor):
@@ -22,4 +24,4 @@ class PermutedNorm(nn.Module):
         return self.norm.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(x).index_select(-1, self.perm)
+        return permute_channels(self.norm(x), self.perm)

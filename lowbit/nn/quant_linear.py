@@ -17,6 +17,7 @@ from lowbit.formats import packed_size
 from lowbit.formats.grid import Grid, n_groups
 from lowbit.formats.scheme import ActArgs
 from lowbit.formats.quantized_weight import QuantizedWeight
+from lowbit.kernels.channel_order import permute_channels
 
 from lowbit.nn.quantized_activation import quantize_activation
 from .online_hadamard import transform_from_dict
@@ -141,7 +142,7 @@ class QuantLinear(nn.Module):
         if t is not None and t.before_perm:
             x2 = t(x2.float())
         if self.input_perm is not None:
-            x2 = x2.index_select(1, self.input_perm)
+            x2 = permute_channels(x2, self.input_perm)
         if t is not None and not t.before_perm:
             x2 = t(x2.float())
         a = x2
