@@ -117,7 +117,8 @@ static inline void amx_products(const int8_t *x, int64_t xs, const uint8_t *cons
 #define AMX_KB 512 /* channels per cache block (measured best of 128-1024 at 64 and 512 tokens on 4096²) */
 #endif
 
-/* Per-thread memory of one item: unpacked B panels, int32 tiles kept across K blocks, float sums. */
+/* Per-thread memory of one item: unpacked B panels; for one block of token tiles, the int32 tiles
+ * kept across K blocks and the float sums. */
 static __thread uint8_t *amx_buf;
 static __thread int64_t amx_cap;
 
@@ -128,7 +129,8 @@ static void amx_item(const void *ctx, int64_t item) {
     const int np = (A->out - r0) / PANEL < AMX_ROWS / PANEL ? (int)((A->out - r0) / PANEL) : AMX_ROWS / PANEL;
     const int npair = (np + 1) / 2;
     const int64_t nb = M->direct ? 0 : np * M->kpa * PANEL, ob = A->wo ? np * M->kpoa * PANEL : 0;
-    const int64_t cbytes = ns * npair * 4 * 1024, fbytes = M->tp * AMX_ROWS * 4, need = nb + ob + cbytes + fbytes + 64;
+    const int64_t cbytes = AMX_SB * npair * 4 * 1024, fbytes = AMX_SB * 32 * AMX_ROWS * 4;
+    const int64_t need = nb + ob + cbytes + fbytes + 64;
     if (need > amx_cap) {
         free(amx_buf);
         amx_buf = aligned_alloc(64, (size_t)(need + 63) / 64 * 64);
@@ -138,8 +140,8 @@ static void amx_item(const void *ctx, int64_t item) {
         for (int64_t it = r0 / I8_ROWS_PER_ITEM; it * I8_ROWS_PER_ITEM < r0 + np * PANEL; it++) i8_item(A, it);
         return;
     }
-    int32_t(*cbuf)[2][2][256] = (void *)(amx_buf + nb + ob); /* [ns * npair] */
-    float *fs = (float *)(amx_buf + nb + ob + cbytes);     /* [tp][AMX_ROWS] */
+    int32_t(*cbuf)[2][2][256] = (void *)(amx_buf + nb + ob); /* [AMX_SB * npair] */
+    float *fs = (float *)(amx_buf + nb + ob + cbytes);     /* [AMX_SB * 32][AMX_ROWS] */
     const uint8_t *bn[AMX_ROWS / PANEL], *bo[AMX_ROWS / PANEL];
     for (int p = 0; p < np; p++) {
         if (M->direct)
@@ -151,49 +153,50 @@ static void amx_item(const void *ctx, int64_t item) {
             amx_fill(amx_buf + nb + p * M->kpoa * PANEL, A->wo, 0, A->kpo, r0 + p * PANEL, A->kpo, 1, M->kpoa),
                 bo[p] = amx_buf + nb + p * M->kpoa * PANEL;
     }
-    memset(fs, 0, (size_t)fbytes);
     amx_config();
     int32_t cb[2][2][256] __attribute__((aligned(64)));
-    for (int64_t s0 = 0; s0 < ns; s0 += AMX_SB) /* a block of token tiles: its float sums stay in L1 */
-    for (int64_t g = 0; g <= ng; g++) { /* g == ng: the INT8 outliers, one group */
-        if (g == ng && !A->wo) break;
-        const int out = g == ng;
-        const int64_t len = out ? A->kpo : ((g + 1) * A->group < A->kp ? A->group : A->kp - g * A->group);
-        const int64_t c0 = out ? 0 : g * M->gs, c1 = c0 + (len + AK - 1) / AK * AK, xs = out ? M->kpoa : M->kpa;
-        const int8_t *x = out ? M->xoa : M->xa;
-        const uint8_t *const *b = out ? bo : bn;
-        for (int64_t kb = c0; kb < c1; kb += AMX_KB) {
-            const int64_t ke = kb + AMX_KB < c1 ? kb + AMX_KB : c1;
-            for (int64_t si = s0; si < ns && si < s0 + AMX_SB; si++)
-                for (int pr = 0; pr < npair; pr++) {
-                    const int nv = np - 2 * pr < 2 ? np - 2 * pr : 2;
-                    int32_t(*keep)[2][256] = cbuf[si * npair + pr];
-                    amx_products(x + si * 32 * xs, xs, b + 2 * pr, nv, kb, ke, kb == c0 ? NULL : keep,
-                                 ke == c1 ? cb : keep);
-                    if (ke != c1) continue;
-                    const int64_t i0 = si * 32;
-                    const int mr = A->t - i0 < 32 ? (int)(A->t - i0) : 32;
-                    for (int v = 0; v < nv; v++) {
-                        const int64_t r = r0 + (2 * pr + v) * PANEL;
-                        vf_t swv = out ? FLOAD(A->swo + r) : FLOAD(A->sw + ((r / PANEL) * ng + g) * PANEL);
-                        for (int m = 0; m < mr; m++) {
-                            float *f = fs + (i0 + m) * AMX_ROWS + (2 * pr + v) * PANEL;
-                            if (out) {
-                                vi_t p = VSUB32(VLOAD32(cb[m / 16][v] + (m % 16) * 16), VSET32(A->zxo[i0 + m]));
-                                FSTORE(f, FADD(FLOAD(f), FMA(FCVT(p), FMUL(swv, FSET(A->sxo[i0 + m])), FZERO())));
-                            } else {
-                                int64_t q = (i0 + m) * ng + g;
-                                vi_t p = VSUB32(VLOAD32(cb[m / 16][v] + (m % 16) * 16), VSET32(A->zx[q]));
-                                FSTORE(f, FMA(FCVT(p), FMUL(swv, FSET(A->sx[q])), FLOAD(f)));
+    for (int64_t s0 = 0; s0 < ns; s0 += AMX_SB) { /* a block of token tiles: its float sums stay in L1 */
+        memset(fs, 0, (size_t)fbytes);
+        for (int64_t g = 0; g <= ng; g++) { /* g == ng: the INT8 outliers, one group */
+            if (g == ng && !A->wo) break;
+            const int out = g == ng;
+            const int64_t len = out ? A->kpo : ((g + 1) * A->group < A->kp ? A->group : A->kp - g * A->group);
+            const int64_t c0 = out ? 0 : g * M->gs, c1 = c0 + (len + AK - 1) / AK * AK, xs = out ? M->kpoa : M->kpa;
+            const int8_t *x = out ? M->xoa : M->xa;
+            const uint8_t *const *b = out ? bo : bn;
+            for (int64_t kb = c0; kb < c1; kb += AMX_KB) {
+                const int64_t ke = kb + AMX_KB < c1 ? kb + AMX_KB : c1;
+                for (int64_t si = s0; si < ns && si < s0 + AMX_SB; si++)
+                    for (int pr = 0; pr < npair; pr++) {
+                        const int nv = np - 2 * pr < 2 ? np - 2 * pr : 2;
+                        int32_t(*keep)[2][256] = cbuf[(si - s0) * npair + pr];
+                        amx_products(x + si * 32 * xs, xs, b + 2 * pr, nv, kb, ke, kb == c0 ? NULL : keep,
+                                     ke == c1 ? cb : keep);
+                        if (ke != c1) continue;
+                        const int64_t i0 = si * 32;
+                        const int mr = A->t - i0 < 32 ? (int)(A->t - i0) : 32;
+                        for (int v = 0; v < nv; v++) {
+                            const int64_t r = r0 + (2 * pr + v) * PANEL;
+                            vf_t swv = out ? FLOAD(A->swo + r) : FLOAD(A->sw + ((r / PANEL) * ng + g) * PANEL);
+                            for (int m = 0; m < mr; m++) {
+                                float *f = fs + (i0 - s0 * 32 + m) * AMX_ROWS + (2 * pr + v) * PANEL;
+                                if (out) {
+                                    vi_t p = VSUB32(VLOAD32(cb[m / 16][v] + (m % 16) * 16), VSET32(A->zxo[i0 + m]));
+                                    FSTORE(f, FADD(FLOAD(f), FMA(FCVT(p), FMUL(swv, FSET(A->sxo[i0 + m])), FZERO())));
+                                } else {
+                                    int64_t q = (i0 + m) * ng + g;
+                                    vi_t p = VSUB32(VLOAD32(cb[m / 16][v] + (m % 16) * 16), VSET32(A->zx[q]));
+                                    FSTORE(f, FMA(FCVT(p), FMUL(swv, FSET(A->sx[q])), FLOAD(f)));
+                                }
                             }
                         }
                     }
-                }
+            }
         }
+        for (int64_t i = s0 * 32; i < A->t && i < (s0 + AMX_SB) * 32; i++)
+            memcpy(A->y + i * A->out + r0, fs + (i - s0 * 32) * AMX_ROWS, (size_t)np * PANEL * sizeof(float));
     }
     _tile_release();
-    for (int64_t i = 0; i < A->t; i++)
-        memcpy(A->y + i * A->out + r0, fs + i * AMX_ROWS, (size_t)np * PANEL * sizeof(float));
 }
 
 /* x [t, kp] -> xa [tp, ng * gs]: each group on whole tile steps, zero padded (tokens t.. zero too);
