@@ -1,6 +1,7 @@
 """lowbit's batched W4A16 / W8A16 CPU kernel (``csrc/a16_gemm.c``): the GEMV kernels' int16
 arithmetic (:mod:`.w4_gemv`, :mod:`.w8_gemv`) over register tiles of 4 tokens x 32 rows (AVX-512;
-3 x 8 with AVX2), each weight vector unpacked once per tile instead of once per token and row.
+3 x 8 with AVX2), each weight vector unpacked once per tile instead of once per token and row;
+from 8 tokens on AMX CPUs, int8 tiles over each int16 code's two bytes (``csrc/a16_amx.h``).
 
 Activations are rounded to int16 per group exactly as the GEMVs round them, and each (token, row,
 group) product is the same exact int32 with the same float32 steps, so the results are the GEMVs'
@@ -32,6 +33,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.a16_gemm_linear.argtypes = [vp, ci, vp, vp, i64, i64, i64, i64, i64, vp, ci, i64, vp, ci, ci]
     lib.a16_gemm_linear.restype = ci
     lib.a16_gemm_simd.restype = ci
+    lib.a16_gemm_amx.restype = ci
 
 
 _LIB = KernelLibrary("a16 gemm", "a16_gemm.c", _bind)
@@ -44,6 +46,14 @@ def simd(lib: ctypes.CDLL | None = None) -> int:
     """0 (portable loop), 256 or 512 (vector width), +1 with VNNI (``vpdpwssd``)."""
     lib = lib or library()
     return 0 if lib is None else int(lib.a16_gemm_simd())
+
+
+def amx(lib: ctypes.CDLL | None = None) -> bool:
+    """Whether this build runs AMX-INT8 tiles from 8 tokens on (the ``amx`` ISA variant, on a CPU
+    whose OS granted tile state): each int16 code split into its signed high and unsigned low byte,
+    two exact tile products per group, the same integers and so the same bits."""
+    lib = lib or library()
+    return lib is not None and bool(lib.a16_gemm_amx())
 
 
 @dataclass

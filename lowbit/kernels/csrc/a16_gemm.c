@@ -232,6 +232,17 @@ static void a16_item(const void *ctx, int64_t item) {
 #define A16_ROWS_PER_ITEM PANEL
 #endif
 
+#include "a16_amx.h"
+
+/* 1 where this build runs AMX-INT8 tiles (from A16_AMX_MIN_T tokens on) and the OS granted tile state. */
+int a16_gemm_amx(void) {
+#if A16_AMX
+    return amx_ready();
+#else
+    return 0;
+#endif
+}
+
 struct a16_weight {
     const uint8_t *w;
     const float *sw;
@@ -244,6 +255,9 @@ static void a16_gemm_codes(const void *ctx, const int16_t *xq, const float *sx, 
                            float *y, int threads) {
     const struct a16_weight *m = ctx;
     struct a16_args A = {m->w, m->sw, m->zw, m->out, m->kp, m->group, m->ng, t, m->nibbles, xq, sx, xsum, y};
+#if A16_AMX
+    if (t >= A16_AMX_MIN_T && !a16_amx_run(&A, threads)) return;
+#endif
     pool_run(a16_item, &A, (m->out + A16_ROWS_PER_ITEM - 1) / A16_ROWS_PER_ITEM, threads);
 }
 

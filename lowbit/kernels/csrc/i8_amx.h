@@ -3,18 +3,14 @@
  * then amx_ready() and amx_run(). */
 #ifndef LOWBIT_I8_AMX_H
 #define LOWBIT_I8_AMX_H
-#if I8_SIMD == 512 && defined(__AMX_TILE__) && defined(__AMX_INT8__)
-/* AMX-INT8 (from 8 or 48 tokens, AMX_MIN_T): the same exact int32 per (token, row, group), from tiles.
- * TDPBSUD multiplies a signed A tile [16 tokens][64 channels] (the activation codes) by an unsigned
- * B tile [16 rows of 4 channels][16 rows x 4 bytes] (the weight), which is exactly 16 of the
- * panels' 64-byte vectors: INT8 panels are read in place, 4-bit ones unpacked (low nibbles, then
- * high) into a per-thread buffer. Each group is laid out on whole 64-channel steps (gs channels,
- * zero padded, activations and weights alike), so a zero-padded channel adds 0. Per group the 2 x 2
- * int32 tiles (32 tokens x 32 rows) are stored and rescaled with the float steps of tile() above,
- * in the same order: the same bits. No sum can overflow int32 at these widths (|u x| <= 255 * 128
- * over at most 2^16 channels per group). */
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx_tiles.h"
+#if AMX_TILES
+/* AMX-INT8 (from 8 or 48 tokens, AMX_MIN_T): the same exact int32 per (token, row, group), from the
+ * tiles of amx_tiles.h: the activation codes signed (TDPBSUD), INT8 panels read in place where each
+ * group is whole tile steps, 4-bit ones unpacked into a per-thread buffer. Per group the 2 x 2 int32
+ * tiles (32 tokens x 32 rows) are stored and rescaled with the float steps of tile() above, in the
+ * same order: the same bits. No sum can overflow int32 at these widths (|u x| <= 255 * 128 over at
+ * most 2^16 channels per group). */
 #define I8_AMX 1
 #ifdef AMX_MIN_TOKENS /* -DAMX_MIN_TOKENS=N: measure another threshold */
 #define AMX_MIN_T(nibbles) AMX_MIN_TOKENS
@@ -24,14 +20,6 @@
  * 3.5 ms at 24), W4A4's from 48 (2.9 against 4.0 ms; 2.9 against 2.5 at 32) */
 #define AMX_MIN_T(nibbles) ((nibbles) ? 48 : 8)
 #endif
-#define AK 64        /* channels per tile step */
-
-static int amx_state = -1; /* -1: not asked yet; 0: the OS refused tile data; 1: granted */
-static int amx_ready(void) {
-    if (amx_state < 0) /* Linux hands out AMX tile state only on request (ARCH_REQ_XCOMP_PERM, XTILEDATA) */
-        amx_state = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-    return amx_state;
-}
 
 struct amx_args {
     const struct i8_args *A;
@@ -40,87 +28,12 @@ struct amx_args {
     int direct;                /* INT8 panels whose groups are whole tile steps: read in place */
 };
 
-/* 16 rows' B vectors from panel rows r0.. into dst over the padded layout (group g at g * gs). */
-static void amx_fill(uint8_t *dst, const uint8_t *w, int nibbles, int64_t kp, int64_t r0, int64_t group, int64_t ng,
-                     int64_t gs) {
-    for (int64_t g = 0; g < ng; g++) {
-        int64_t a = g * group, b = a + group < kp ? a + group : kp;
-        uint8_t *d = dst + g * gs * PANEL;
-        if (nibbles)
-            for (int64_t k = a; k < b; k += 8, d += 128) {
-                vi_t raw = VLOAD(w + panel_at(r0, k, kp, 1));
-                _mm512_storeu_si512((void *)d, VMASK4(raw));
-                _mm512_storeu_si512((void *)(d + 64), VSHR4(raw));
-            }
-        else
-            for (int64_t k = a; k < b; k += 4, d += 64) memcpy(d, w + panel_at(r0, k, kp, 0), 64);
-        memset(d, 0, (size_t)(dst + (g + 1) * gs * PANEL - d));
-    }
-}
-
-static void amx_config(void) {
-    struct {
-        uint8_t palette, start, reserved[14];
-        uint16_t colsb[16];
-        uint8_t rows[16];
-    } c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int i = 0; i < 8; i++) c.colsb[i] = 64, c.rows[i] = 16;
-    _tile_loadconfig(&c);
-}
-
-/* int32 tiles C[token half][row panel] of 32 tokens x nv panels over channels [c0, c1) of the
- * padded layout, added to the tiles in cin (NULL: from 0), stored to cout. */
-static inline void amx_products(const int8_t *x, int64_t xs, const uint8_t *const *b, int nv, int64_t c0, int64_t c1,
-                                int32_t (*cin)[2][256], int32_t (*cout)[2][256]) {
-    if (cin) {
-        _tile_loadd(0, cin[0][0], 64);
-        _tile_loadd(1, cin[1][0], 64);
-        if (nv == 2) {
-            _tile_loadd(2, cin[0][1], 64);
-            _tile_loadd(3, cin[1][1], 64);
-        }
-    } else {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-    }
-    for (int64_t c = c0; c < c1; c += AK) {
-        _tile_loadd(4, x + c, xs);
-        _tile_loadd(5, x + 16 * xs + c, xs);
-        _tile_loadd(6, b[0] + c * PANEL, 64);
-        _tile_dpbsud(0, 4, 6);
-        _tile_dpbsud(1, 5, 6);
-        if (nv == 2) {
-            _tile_loadd(7, b[1] + c * PANEL, 64);
-            _tile_dpbsud(2, 4, 7);
-            _tile_dpbsud(3, 5, 7);
-        }
-    }
-    _tile_stored(0, cout[0][0], 64);
-    _tile_stored(1, cout[1][0], 64);
-    if (nv == 2) {
-        _tile_stored(2, cout[0][1], 64);
-        _tile_stored(3, cout[1][1], 64);
-    }
-}
-
-#ifndef AMX_ROWS
-#define AMX_ROWS 64 /* rows per work item: A read once from memory per 64 rows, then from L1 */
-#endif
 #ifndef AMX_SB
 #define AMX_SB 1 /* token tiles (of 32) per block: their float sums (8 KB) stay in L1; measured best of 1-8 */
 #endif
 #ifndef AMX_KB
 #define AMX_KB 512 /* channels per cache block (measured best of 128-1024 at 64 and 512 tokens on 4096²) */
 #endif
-
-/* Per-thread memory of one item: unpacked B panels; for one block of token tiles, the int32 tiles
- * kept across K blocks and the float sums. */
-static __thread uint8_t *amx_buf;
-static __thread int64_t amx_cap;
 
 static void amx_item(const void *ctx, int64_t item) {
     const struct amx_args *M = ctx;
@@ -130,12 +43,9 @@ static void amx_item(const void *ctx, int64_t item) {
     const int npair = (np + 1) / 2;
     const int64_t nb = M->direct ? 0 : np * M->kpa * PANEL, ob = A->wo ? np * M->kpoa * PANEL : 0;
     const int64_t cbytes = AMX_SB * npair * 4 * 1024, fbytes = AMX_SB * 32 * AMX_ROWS * 4;
-    const int64_t need = nb + ob + cbytes + fbytes + 64;
-    if (need > amx_cap) {
-        free(amx_buf);
-        amx_buf = aligned_alloc(64, (size_t)(need + 63) / 64 * 64);
-        amx_cap = amx_buf ? need : 0;
-    }
+    /* per thread: unpacked B panels; for one block of token tiles, the int32 tiles kept across K
+     * blocks and the float sums */
+    uint8_t *amx_buf = amx_memory(nb + ob + cbytes + fbytes + 64);
     if (!amx_buf) { /* no memory for the tiles' buffers: the vector tiles over the same rows, the same bits */
         for (int64_t it = r0 / I8_ROWS_PER_ITEM; it * I8_ROWS_PER_ITEM < r0 + np * PANEL; it++) i8_item(A, it);
         return;
@@ -171,7 +81,7 @@ static void amx_item(const void *ctx, int64_t item) {
                         const int nv = np - 2 * pr < 2 ? np - 2 * pr : 2;
                         int32_t(*keep)[2][256] = cbuf[(si - s0) * npair + pr];
                         amx_products(x + si * 32 * xs, xs, b + 2 * pr, nv, kb, ke, kb == c0 ? NULL : keep,
-                                     ke == c1 ? cb : keep);
+                                     ke == c1 ? cb : keep, 0);
                         if (ke != c1) continue;
                         const int64_t i0 = si * 32;
                         const int mr = A->t - i0 < 32 ? (int)(A->t - i0) : 32;

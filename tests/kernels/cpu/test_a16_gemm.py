@@ -9,7 +9,7 @@ import torch
 from lowbit.kernels import from_float
 from lowbit.kernels.cpu import a16_gemm, w4_gemv, w8_gemv, w4a16, w8a16
 from lowbit.kernels.linear_params import LinearParams
-from tests.kernels.cpu.builds import portable_build
+from tests.kernels.cpu.builds import amx_builds, portable_build
 from tests.threads import assert_same_for_thread_counts
 
 pytestmark = pytest.mark.skipif(not a16_gemm.available(), reason="no C compiler for the native kernel")
@@ -78,3 +78,43 @@ def test_thread_counts_and_shapes():
     assert a16_gemm.run(x[:0], st).shape == (0, 3, 200)
     with pytest.raises(ValueError, match="512"):
         a16_gemm.run(torch.randn(2, 500), st)
+
+
+@pytest.mark.parametrize("kind,out,n,group", [("w4", 37, 333, 64), ("w4", 50, 333, 0), ("w4", 64, 1024, 128),
+                                              ("w4", 48, 640, 192), ("w8", 40, 600, 0), ("w8", 32, 1024, 0)])
+def test_tiles_of_many_tokens_equal_the_portable_build(kind, out, n, group):
+    """An AMX build splits each int16 code into its signed high and unsigned low byte and runs two
+    int8 tile products per group (32 tokens x 32 rows, groups padded to 64-channel steps, INT8
+    panels read in place where they fit, 4-bit ones unpacked) from 8 tokens; a build with the
+    threshold at 1 runs them for every batch. Both give the portable loop's bits at the tiles'
+    edges (1, 15-17, 31-33, 70 tokens), with zero points. Without AMX this compares the vector
+    tiles over as many tokens."""
+    torch.manual_seed(out + n)
+    p = _asymmetric(out, n, group or n, seed=out) if kind == "w4" else from_float(torch.randn(out, n), "w8a16")
+    st = a16_gemm.prepare_w4(p) if kind == "w4" else w8a16.prepare(p, "gemm")
+    x = torch.randn(70, n) * torch.linspace(0.01, 10, n)
+    y = a16_gemm.run(x, st, _portable())
+    for lib in amx_builds(a16_gemm.library):
+        for t in (1, 15, 16, 17, 31, 32, 33, 70):
+            assert torch.equal(a16_gemm.run(x[:t], st, lib), y[:t]), (t, lib)
+
+
+def test_extreme_codes_split_exactly():
+    """Codes ±32767 (high bytes ±127/-128, low bytes 255/1) against 4-bit codes 15 and 0 with zero
+    points 0 and 15: the largest |P| the split must give back exactly."""
+    out, n = 32, 1024
+    u = torch.zeros(out, n, dtype=torch.uint8)
+    u[:16] = 15
+    zero = torch.zeros(out, 8, dtype=torch.int64)
+    zero[16:] = 15
+    p = LinearParams("w4a16", u, torch.ones(out, 8), zero, 128, torch.zeros(out, 0, dtype=torch.int8),
+                     torch.ones(out), None)
+    st = a16_gemm.prepare_w4(p)
+    x = torch.ones(40, n)
+    x[1::2] = -1
+    x[2::4, ::3] = -1
+    y = a16_gemm.run(x, st, _portable())
+    expect = (x @ torch.cat([torch.full((16, n), 15.), torch.full((16, n), -15.)]).T)
+    torch.testing.assert_close(y, expect, rtol=2e-4, atol=0)
+    for lib in amx_builds(a16_gemm.library):
+        assert torch.equal(a16_gemm.run(x, st, lib), y), lib

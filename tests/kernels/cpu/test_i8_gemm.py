@@ -9,7 +9,7 @@ import torch
 from lowbit.kernels import from_float
 from lowbit.kernels.cpu import i8_gemm, w4a4, w8a8
 from lowbit.kernels.linear_params import KernelError
-from tests.kernels.cpu.builds import portable_build
+from tests.kernels.cpu.builds import amx_builds, portable_build
 from tests.threads import assert_same_for_thread_counts
 
 pytestmark = pytest.mark.skipif(not i8_gemm.available(), reason="no C compiler for the native kernel")
@@ -69,12 +69,7 @@ def test_tiles_of_many_tokens_equal_the_portable_build(out, n, k, group):
     c8 = i8_gemm.act_codes(x[:, :n] * 7, 0, s8.weight, 8, 1.0)
     y4 = i8_gemm.run_codes(c4, s4.normal, s4.outlier, lib=_portable())
     y8 = i8_gemm.run_codes(c8, s8.weight, lib=_portable())
-    from lowbit.native import isa
-
-    libs = [None]
-    if isa.runnable(isa.BY_NAME["amx"]):
-        libs.append(i8_gemm.library(("-O3", *isa.BY_NAME["amx"].flags, "-pthread", "-DAMX_MIN_TOKENS=1")))
-    for lib in libs:
+    for lib in amx_builds(i8_gemm.library):
         for t in (1, 15, 16, 17, 31, 32, 33, 70):
             c4t = type(c4)(*(getattr(c4, f)[:t] for f in ("xq", "scale", "xsum", "outlier", "outlier_scale")))
             c8t = type(c8)(*(getattr(c8, f)[:t] for f in ("xq", "scale", "xsum", "outlier", "outlier_scale")))
