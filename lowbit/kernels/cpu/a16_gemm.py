@@ -2,6 +2,9 @@
 arithmetic (:mod:`.w4_gemv`, :mod:`.w8_gemv`) over register tiles of 4 tokens x 32 rows (AVX-512;
 3 x 8 with AVX2), each weight vector unpacked once per tile instead of once per token and row;
 from 8 tokens on AMX CPUs, int8 tiles over each int16 code's two bytes (``csrc/a16_amx.h``).
+Prefill-sized bfloat16 calls on CPUs that multiply bfloat16 in hardware run torch's bfloat16
+matmul on the weight unpacked once (:func:`run`), as GPU W4A16 kernels and llama.cpp's batched
+path do: a token's bits then depend on whether its call crosses :data:`BF16_MIN_TOKENS`.
 
 Activations are rounded to int16 per group exactly as the GEMVs round them, and each (token, row,
 group) product is the same exact int32 with the same float32 steps, so the results are the GEMVs'
@@ -23,8 +26,14 @@ import torch.nn.functional as F
 from lowbit.kernels.cpu import a16_linear, i8_gemm, w4_gemv
 from lowbit.kernels.cpu.kernel_library import KernelLibrary
 from lowbit.kernels.linear_params import KernelError, LinearParams
+from lowbit.native.cpu_features import cpu_info
 
 PORTABLE_FLAGS = ("-O3", "-DPANEL_NO_SIMD")
+# bfloat16 calls of this many tokens run on torch's bfloat16 matmul, W4A16 / W8A16: there the weight
+# unpacked once to bfloat16 (about 0.25 ns a value on 2 threads) plus the matmul beat the integer tiles
+# (AMX Xeon, 2 threads, interleaved medians: 4096² 7.9 against 9.7 ms at 128 tokens for W4A16, 10.1
+# against 10.4 ms at 256 for W8A16, which ties at 128; 3072x576 alike)
+BF16_MIN_TOKENS = {True: 128, False: 256}
 W8_BLOCK = 256  # W8A16's activation blocks, as the 8-bit GEMV's (its int32 sums cannot overflow)
 
 
@@ -34,6 +43,8 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.a16_gemm_linear.restype = ci
     lib.a16_gemm_simd.restype = ci
     lib.a16_gemm_amx.restype = ci
+    lib.a16_gemm_dequant.argtypes = [vp, ci, vp, vp, i64, i64, i64, i64, i64, i64, vp, ci]
+    lib.a16_gemm_dequant.restype = None
 
 
 _LIB = KernelLibrary("a16 gemm", "a16_gemm.c", _bind)
@@ -115,8 +126,32 @@ def prepare_w8(codes: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | No
                      kp, out, bias)
 
 
+def bf16_matmul_native() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AMX-BF16 or AVX512_BF16), so that torch's
+    bfloat16 matmul outruns the integer tiles on many tokens."""
+    f = cpu_info()["features"]
+    return bool(f.get("amx_bf16") or f.get("avx512_bf16"))
+
+
+def dequantize_bf16(w: A16Panels, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """The weight ``[out, in]`` as bfloat16: ``((u - z) * s).to(bfloat16)`` per value, in C."""
+    lib = _built(lib)
+    dst = torch.empty(w.out, w.n_in, dtype=torch.bfloat16)
+    lib.a16_gemm_dequant(*w.args, w.out, dst.data_ptr(), torch.get_num_threads())
+    return dst
+
+
 def run(x: torch.Tensor, w: A16Panels, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """``x [..., in]`` (float32 or bfloat16; others are converted to float32) → ``[..., out]`` of
-    x's dtype (plus bias)."""
+    x's dtype (plus bias). Exact int16 arithmetic (the GEMVs' bits), except bfloat16 calls of
+    :data:`BF16_MIN_TOKENS` tokens or more on CPUs with bfloat16 matmuls, which multiply the
+    bfloat16 weight (:func:`dequantize_bf16`) with torch, as bfloat16 models do: per value the
+    weight's rounding to bfloat16 (2^-9 relative) instead of the activations' int16 one, float32
+    sums, so within 2^-8·Σ|x·w| + the output's rounding of the exact product (tested)."""
     lib = _built(lib)
+    if x.dtype == torch.bfloat16 and bf16_matmul_native():
+        a16_linear.check_input(x, w.n_in, "a16 gemm kernel")
+        if x.numel() >= BF16_MIN_TOKENS[w.nibbles] * w.n_in:
+            y = F.linear(x, dequantize_bf16(w, lib))
+            return y + w.bias.to(y.dtype) if w.bias is not None else y
     return a16_linear.call(lib.a16_gemm_linear, w.args, w.n_in, w.args[4], w.out, w.bias, x, "a16 gemm kernel")

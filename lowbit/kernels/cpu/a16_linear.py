@@ -14,14 +14,19 @@ from typing import Callable
 import torch
 
 
+def check_input(x, n_in: int, what: str) -> None:
+    """ValueError unless ``x`` is a CPU tensor ``[..., n_in]``."""
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != n_in or x.device.type != "cpu":
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{what}: needs a CPU tensor [..., {n_in}], got {got}")
+
+
 def call(c_fn: Callable[..., int], weight_args: tuple, n_in: int, out_pad: int, out: int,
          bias: torch.Tensor | None, x: torch.Tensor, what: str) -> torch.Tensor:
     """``x [..., n_in]`` (float32 or bfloat16; others are converted to float32) → ``[..., out]``
     of x's dtype; ``weight_args`` are the kernel's leading (weight) arguments. ValueError when
     x's last dimension is not ``n_in`` (the kernel would read and write past the buffers)."""
-    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != n_in or x.device.type != "cpu":
-        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"{what}: needs a CPU tensor [..., {n_in}], got {got}")
+    check_input(x, n_in, what)
     if x.dtype != torch.bfloat16 and x.dtype != torch.float32:
         x = x.float()
     x = x.contiguous()

@@ -233,6 +233,14 @@ static void a16_item(const void *ctx, int64_t item) {
 #endif
 
 #include "a16_amx.h"
+#include "a16_dequant.h"
+
+/* The weight as bfloat16 rows dst [out, n] (a16_dequant.h). */
+void a16_gemm_dequant(const uint8_t *w, int nibbles, const float *sw, const int32_t *zw, int64_t out_pad, int64_t kp,
+                      int64_t group, int64_t ng, int64_t n, int64_t out, uint16_t *dst, int threads) {
+    struct dequant_job J = {w, sw, zw, out, n, kp, group, ng, nibbles, dst};
+    pool_run(dequant_item, &J, out_pad / PANEL, threads);
+}
 
 /* 1 where this build runs AMX-INT8 tiles (from A16_AMX_MIN_T tokens on) and the OS granted tile state. */
 int a16_gemm_amx(void) {

@@ -5,6 +5,7 @@ groups, zero points, bfloat16 in and out, non-finite tokens, thread counts."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from lowbit.kernels import from_float
 from lowbit.kernels.cpu import a16_gemm, w4_gemv, w8_gemv, w4a16, w8a16
@@ -118,3 +119,46 @@ def test_extreme_codes_split_exactly():
     torch.testing.assert_close(y, expect, rtol=2e-4, atol=0)
     for lib in amx_builds(a16_gemm.library):
         assert torch.equal(a16_gemm.run(x, st, lib), y), lib
+
+
+@pytest.mark.parametrize("kind,out,n,group", [("w4", 37, 333, 0), ("w4z", 50, 640, 64), ("w4", 64, 4096, 128),
+                                              ("w8", 40, 600, 0), ("w8", 17, 33, 0)])
+def test_weight_as_bf16_is_torchs_rounding(kind, out, n, group):
+    """The C unpacking to bfloat16 (vector and portable builds) is torch's ((u - z) * s).to(bfloat16)
+    bit for bit, at odd widths and rows (partial panels, channel tails)."""
+    torch.manual_seed(out + n)
+    if kind == "w4z":
+        p = _asymmetric(out, n, group, seed=3)
+    else:
+        p = from_float(torch.randn(out, n), "w4a16" if kind == "w4" else "w8a16", group=group)
+    st = a16_gemm.prepare_w4(p) if kind != "w8" else w8a16.prepare(p, "gemm")
+    ref = p.dequantize().bfloat16()
+    assert torch.equal(a16_gemm.dequantize_bf16(st), ref)
+    assert torch.equal(a16_gemm.dequantize_bf16(st, _portable()), ref)
+
+
+@pytest.mark.parametrize("kind", ["w4", "w8"])
+def test_many_bf16_tokens_run_the_bf16_matmul(kind, monkeypatch):
+    """From BF16_MIN_TOKENS bfloat16 tokens (on CPUs with bfloat16 matmuls; forced here, the path
+    runs anywhere) the call is torch's bfloat16 linear on the unpacked weight, bit for bit, and
+    within 2^-8·Σ|x·w| + the bfloat16 output's rounding of the float64 product; below it, and for
+    float32 activations, the exact int16 path (the GEMVs' bits)."""
+    monkeypatch.setattr(a16_gemm, "bf16_matmul_native", lambda: True)
+    torch.manual_seed(7)
+    p = from_float(torch.randn(48, 320), "w4a16" if kind == "w4" else "w8a16", group=64, bias=torch.randn(48))
+    st = a16_gemm.prepare_w4(p) if kind == "w4" else w8a16.prepare(p, "gemm")
+    gemv = w4a16.prepare(p, "native") if kind == "w4" else w8a16.prepare(p, "native")
+    run_gemv = w4a16.run if kind == "w4" else w8a16.run
+    t = a16_gemm.BF16_MIN_TOKENS[kind == "w4"]
+    x = (torch.randn(t, 320) * torch.linspace(0.01, 10, 320)).bfloat16()
+    wb = p.dequantize().bfloat16()
+    y = a16_gemm.run(x, st)
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y, F.linear(x, wb) + p.bias.bfloat16())
+    exact = x.double() @ p.dequantize().double().T + p.bias.double()
+    bound = 2.0**-8 * (x.double().abs() @ p.dequantize().double().abs().T) + 2.0**-8 * exact.abs()
+    assert ((y.double() - exact).abs() <= bound).all()
+    assert torch.equal(a16_gemm.run(x[:-1], st), run_gemv(x[:-1], gemv))  # one token fewer: exact path
+    assert torch.equal(a16_gemm.run(x.float(), st), run_gemv(x.float(), gemv))  # float32: exact path
+    with pytest.raises(ValueError, match="320"):
+        a16_gemm.run(torch.randn(t, 300).bfloat16(), st)

@@ -1,0 +1,110 @@
+/* The A16 panels' weight as bfloat16 rows (included by a16_gemm.c): w[r, k] = bf16((u - z) * s)
+ * for row r's code u, zero point z and scale s of k's group, one float32 multiply rounded to
+ * nearest even, exactly torch's ((codes - zero) * scale).to(bfloat16). For the many-token calls
+ * that run on the CPU's own bfloat16 matmul (a16_gemm.py): the weight is unpacked once per call
+ * instead of once per tile. The AVX-512 loop and the portable one give the same bits (tested). */
+#ifndef LOWBIT_A16_DEQUANT_H
+#define LOWBIT_A16_DEQUANT_H
+#include "bf16.h"
+
+struct dequant_job {
+    const uint8_t *w;
+    const float *sw;   /* [out_pad / 16, ng, 16] */
+    const int32_t *zw; /* [out_pad / 16, ng, 16] */
+    int64_t out, n, kp, group, ng;
+    int nibbles;
+    uint16_t *dst; /* [out, n] */
+};
+
+/* Where a panel's 16 rows are written first: rows n + 32 values apart, so that the 16 rows do not
+ * share one set of the L1 cache as rows of a power-of-two width would (measured 4x slower on
+ * 4096 columns), then copied out whole. Per thread, kept between calls. */
+#define DQ_LD(n) ((n) + 32)
+static __thread uint16_t *dq_buf;
+static __thread int64_t dq_cap;
+
+/* Rows r0 .. r0 + 15 (those below out) at channels [k0, k1) of group g, one value at a time, into
+ * d (row i of the panel at d + i * ld). */
+static void dequant_values(const struct dequant_job *J, uint16_t *d, int64_t ld, int64_t r0, int64_t g, int64_t k0,
+                           int64_t k1) {
+    for (int64_t r = r0; r < r0 + PANEL && r < J->out; r++) {
+        const int64_t q = ((r / PANEL) * J->ng + g) * PANEL + r % PANEL;
+        for (int64_t k = k0; k < k1; k++)
+            d[(r - r0) * ld + k] =
+                f32_to_bf16((float)((int32_t)panel_code(J->w, r, k, J->kp, J->nibbles) - J->zw[q]) * J->sw[q]);
+    }
+}
+
+#if PANEL_SIMD == 512
+/* 16 codes (rows 4j .. 4j + 3 of a panel x 4 channels, as the panels hold them) -> 16 bfloat16 in
+ * the same order, with the 16 rows' zero points and scales zv, sv. */
+static inline __m256i dequant_quarter(__m128i codes, __m512i zv, __m512 sv, int j) {
+    const __m512i idx = _mm512_add_epi32(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+                                         _mm512_set1_epi32(4 * j));
+    __m512i c = _mm512_sub_epi32(_mm512_cvtepu8_epi32(codes), _mm512_permutexvar_epi32(idx, zv));
+    __m512i u = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(c), _mm512_permutexvar_ps(idx, sv)));
+    /* round to nearest even as f32_to_bf16; NaN quieted */
+    __m512i rne = _mm512_srli_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                         _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))), 16);
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                            _mm512_set1_epi32(0x7f800000));
+    rne = _mm512_mask_mov_epi32(rne, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+    return _mm512_cvtepi32_epi16(rne);
+}
+
+/* The 4 rows' 4 values each to rows j .. j + 3 of d at channel k. */
+static inline void dequant_store(uint16_t *d, int64_t ld, __m256i v, int j, int64_t k) {
+    uint64_t part[4];
+    _mm256_storeu_si256((__m256i *)part, v);
+    for (int i = 0; i < 4; i++) memcpy(d + (j + i) * ld + k, &part[i], 8);
+}
+#endif
+
+/* One panel of 16 rows, every group. */
+static void dequant_item(const void *ctx, int64_t item) {
+    const struct dequant_job *J = ctx;
+    const int64_t r0 = item * PANEL, step = J->nibbles ? 8 : 4, ld = DQ_LD(J->kp);
+    if (PANEL * ld > dq_cap) {
+        free(dq_buf);
+        dq_buf = malloc((size_t)(PANEL * ld) * sizeof(uint16_t));
+        dq_cap = dq_buf ? PANEL * ld : 0;
+    }
+    uint16_t *d = dq_buf ? dq_buf : J->dst + r0 * J->n; /* no memory: straight into the rows */
+    const int64_t dl = dq_buf ? ld : J->n;
+    const int rows = J->out - r0 < PANEL ? (int)(J->out - r0) : PANEL;
+    for (int64_t g = 0; g < J->ng; g++) {
+        const int64_t a = g * J->group, b = a + J->group < J->kp ? a + J->group : J->kp, e = b < J->n ? b : J->n;
+        int64_t k = a;
+#if PANEL_SIMD == 512
+        const int64_t q = (item * J->ng + g) * PANEL;
+        const __m512i zv = _mm512_loadu_si512((const void *)(J->zw + q));
+        const __m512 sv = _mm512_loadu_ps(J->sw + q);
+        for (; k + step <= e && (dq_buf || rows == PANEL); k += step) {
+            const __m512i raw = _mm512_loadu_si512((const void *)(J->w + panel_at(r0, k, J->kp, J->nibbles)));
+            const __m512i lo = J->nibbles ? VMASK4(raw) : raw;
+            for (int j = 0; j < 4; j++) {
+                __m128i c = j == 0 ? _mm512_extracti32x4_epi32(lo, 0)
+                            : j == 1 ? _mm512_extracti32x4_epi32(lo, 1)
+                            : j == 2 ? _mm512_extracti32x4_epi32(lo, 2)
+                                     : _mm512_extracti32x4_epi32(lo, 3);
+                dequant_store(d, dl, dequant_quarter(c, zv, sv, j), 4 * j, k);
+            }
+            if (J->nibbles) {
+                const __m512i hi = VSHR4(raw);
+                for (int j = 0; j < 4; j++) {
+                    __m128i c = j == 0 ? _mm512_extracti32x4_epi32(hi, 0)
+                                : j == 1 ? _mm512_extracti32x4_epi32(hi, 1)
+                                : j == 2 ? _mm512_extracti32x4_epi32(hi, 2)
+                                         : _mm512_extracti32x4_epi32(hi, 3);
+                    dequant_store(d, dl, dequant_quarter(c, zv, sv, j), 4 * j, k + 4);
+                }
+            }
+        }
+#endif
+        dequant_values(J, d, dl, r0, g, k, e);
+    }
+    if (dq_buf)
+        for (int i = 0; i < rows; i++) memcpy(J->dst + (r0 + i) * J->n, d + i * ld, (size_t)J->n * sizeof(uint16_t));
+}
+#endif
