@@ -22,7 +22,7 @@ class NativeCodes:
 
 def bind(fn) -> None:
     i64, vp, ci = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    fn.argtypes = [vp, ci, i64, i64, i64, i64, i64, i64, ci, ctypes.c_float, vp, vp, vp, vp, vp]
+    fn.argtypes = [vp, ci, i64, i64, i64, i64, i64, i64, ci, ctypes.c_float, vp, vp, vp, vp, vp, ci]
     fn.restype = i64
 
 
@@ -49,6 +49,6 @@ def symmetric_codes(fn, x: torch.Tensor, n_outliers: int, group: int, ng: int, k
     oq = torch.empty(t, n_outliers, dtype=torch.int16)
     osx = torch.empty(t)
     if t and fn(x.data_ptr(), int(x.dtype == torch.bfloat16), t, n_in, n, group, ng, kp, bits, clip, xq.data_ptr(),
-                sx.data_ptr(), xsum.data_ptr(), oq.data_ptr(), osx.data_ptr()):
+                sx.data_ptr(), xsum.data_ptr(), oq.data_ptr(), osx.data_ptr(), torch.get_num_threads()):
         raise ValueError("activations contain NaN or Inf: they have no integer code")
     return NativeCodes(xq, sx, xsum, oq, osx)

@@ -31,6 +31,8 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.w8_linear.argtypes = [vp, vp, i64, i64, i64, vp, ctypes.c_int, i64, vp, ctypes.c_int, ctypes.c_int]
     lib.w8_linear.restype = ctypes.c_int
     act_sym.bind(lib.w8_act_sym)
+    lib.w8_rescale.argtypes = [vp, i64, vp, vp, i64, i64, vp, ctypes.c_int]
+    lib.w8_rescale.restype = None
 
 
 _LIB = KernelLibrary("w8", "w8_gemv.c", _bind)
@@ -116,6 +118,23 @@ def act_codes(x: torch.Tensor, w: W8GemvPrepared, bits: int, clip: float,
     if x.dim() != 2 or x.shape[1] != w.n_in:
         raise ValueError(f"w8 native kernel: activations must be [tokens, {w.n_in}], got {tuple(x.shape)}")
     return act_sym.symmetric_codes(lib.w8_act_sym, x, 0, w.n_in, 1, w.k_pad, bits, clip)
+
+
+def rescale(prod: torch.Tensor, x_scale: torch.Tensor, w: W8GemvPrepared,
+            lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """``prod.float() * (x_scale * w.scale)`` for an int32 product ``[t, ≥ out]`` (its first ``out``
+    columns) and per-token scales ``[t, 1]``, the same bits in one C pass; ``[t, out]`` float32."""
+    lib = _built(lib)
+    t = prod.shape[0]
+    if prod.dtype != torch.int32 or prod.dim() != 2 or prod.shape[1] < w.out or prod.stride(1) != 1 \
+            or x_scale.numel() != t:
+        raise ValueError(f"w8 rescale: needs int32 [{t}, >= {w.out}] and {t} scales, got {prod.dtype} "
+                         f"{tuple(prod.shape)} and {x_scale.numel()}")
+    sx, sw = x_scale.float().contiguous(), w.scale.float().contiguous()
+    y = torch.empty(t, w.out)
+    lib.w8_rescale(prod.data_ptr(), prod.stride(0), sx.data_ptr(), sw.data_ptr(), t, w.out, y.data_ptr(),
+                   torch.get_num_threads())
+    return y
 
 
 def quantize_and_run(x: torch.Tensor, w: W8GemvPrepared, bits: int, clip: float,

@@ -132,7 +132,4 @@ def _int_mm_on_native(x: torch.Tensor, w: w8_gemv.W8GemvPrepared, act: ActSpec) 
     """The native layout's bytes through ``torch._int_mm``: C activation codes, the exact int32
     product, the same float32 rescale (the native kernel's bits)."""
     c = w8_gemv.act_codes(x, w, act.bits, act.clip)
-    prod = torch._int_mm(c.xq.to(torch.int8), w.packed.t())
-    if prod.shape[1] != w.out:
-        prod = prod[:, :w.out]
-    return prod.float() * (c.scale * w.scale[None, :w.out])
+    return w8_gemv.rescale(torch._int_mm(c.xq.to(torch.int8), w.packed.t()), c.scale, w)

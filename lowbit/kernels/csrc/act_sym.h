@@ -7,9 +7,11 @@
 #ifndef LOWBIT_ACT_SYM_H
 #define LOWBIT_ACT_SYM_H
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "bf16.h"
+#include "work_pool.h"
 
 static inline float act_sym_at(const void *x, int bf16, int64_t j) {
     return bf16 ? bf16_to_f32(((const uint16_t *)x)[j]) : ((const float *)x)[j];
@@ -69,10 +71,39 @@ static int64_t act_sym_tokens(const void *x, int bf16, int64_t t, int64_t n_in, 
     return bad;
 }
 
+/* act_sym_tokens over the work pool (work_pool.h), blocks of ACT_SYM_BLOCK tokens: each token's codes
+ * are computed alone, so the same bits for any thread count. */
+#define ACT_SYM_BLOCK 16
+struct act_sym_job {
+    const void *x;
+    int bf16, bits;
+    int64_t t, n_in, n, group, ng, kp;
+    float clip;
+    int16_t *xq, *oq;
+    float *sx, *osx;
+    int32_t *xsum;
+    _Atomic int64_t bad;
+};
+
+static void act_sym_item(const void *ctx, int64_t item) {
+    struct act_sym_job *J = (struct act_sym_job *)ctx; /* only `bad` is written, atomically */
+    const int64_t i0 = item * ACT_SYM_BLOCK, cnt = J->t - i0 < ACT_SYM_BLOCK ? J->t - i0 : ACT_SYM_BLOCK;
+    const size_t esz = J->bf16 ? 2 : 4;
+    int64_t bad = act_sym_tokens((const char *)J->x + (size_t)(i0 * J->n_in) * esz, J->bf16, cnt, J->n_in, J->n,
+                                 J->group, J->ng, J->kp, J->bits, J->clip, J->xq + i0 * J->kp, J->sx + i0 * J->ng,
+                                 J->xsum + i0 * J->ng, J->oq + i0 * (J->n_in - J->n), J->osx + i0);
+    if (bad) atomic_fetch_add(&J->bad, bad);
+}
+
 /* The exported entry point a library gives its callers (each library its own name). */
 #define ACT_SYM_EXPORT(name)                                                                                       \
     int64_t name(const void *x, int bf16, int64_t t, int64_t n_in, int64_t n, int64_t group, int64_t ng, int64_t kp, \
-                 int bits, float clip, int16_t *xq, float *sx, int32_t *xsum, int16_t *oq, float *osx) {           \
-        return act_sym_tokens(x, bf16, t, n_in, n, group, ng, kp, bits, clip, xq, sx, xsum, oq, osx);            \
+                 int bits, float clip, int16_t *xq, float *sx, int32_t *xsum, int16_t *oq, float *osx,            \
+                 int threads) {                                                                                    \
+        if (t <= ACT_SYM_BLOCK || threads <= 1)                                                                    \
+            return act_sym_tokens(x, bf16, t, n_in, n, group, ng, kp, bits, clip, xq, sx, xsum, oq, osx);        \
+        struct act_sym_job J = {x, bf16, bits, t, n_in, n, group, ng, kp, clip, xq, oq, sx, osx, xsum, 0};       \
+        pool_run(act_sym_item, &J, (t + ACT_SYM_BLOCK - 1) / ACT_SYM_BLOCK, threads);                             \
+        return atomic_load(&J.bad);                                                                                \
     }
 #endif

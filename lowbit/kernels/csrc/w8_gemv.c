@@ -175,3 +175,27 @@ int w8_linear(const int8_t *w, const float *s, int64_t out, int64_t kp, int64_t 
 
 /* The integer kinds' activation codes (act_sym.h) for this library's callers. */
 ACT_SYM_EXPORT(w8_act_sym)
+
+/* y [t, out] = float(p[i, r]) * (sx[i] * sw[r]) for an exact int32 product p [t, ldp] (torch's
+ * _int_mm on this layout): the GEMV's float step, in one pass over the pool instead of three torch
+ * passes with two [t, out] temporaries. */
+struct rescale_job {
+    const int32_t *p;
+    int64_t ldp, out;
+    const float *sx, *sw;
+    float *y;
+};
+
+static void rescale_item(const void *ctx, int64_t i) {
+    const struct rescale_job *J = ctx;
+    const int32_t *p = J->p + i * J->ldp;
+    float *y = J->y + i * J->out;
+    const float s = J->sx[i];
+    for (int64_t r = 0; r < J->out; r++) y[r] = (float)p[r] * (s * J->sw[r]);
+}
+
+void w8_rescale(const int32_t *p, int64_t ldp, const float *sx, const float *sw, int64_t t, int64_t out, float *y,
+                int threads) {
+    struct rescale_job J = {p, ldp, out, sx, sw, y};
+    pool_run(rescale_item, &J, t, threads);
+}

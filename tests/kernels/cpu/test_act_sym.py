@@ -108,3 +108,31 @@ def test_w8a8_int_mm_for_batches_gives_the_native_bits(t, monkeypatch):
     monkeypatch.setattr(w8a8, "int_mm_for_batches", lambda: True)
     assert torch.equal(w8a8.run(x, w), gemv)
     assert torch.equal(gemv, w8a8.run(x, w8a8.prepare(p, "float")))
+
+
+def test_many_tokens_share_the_pool_with_the_same_bits():
+    """From 17 tokens the codes are computed in blocks of 16 over the work pool: torch's bits for
+    any thread count, and a NaN in a late block is still refused."""
+    from tests.threads import assert_same_for_thread_counts
+
+    torch.manual_seed(0)
+    x = torch.randn(75, 300) * torch.linspace(0.1, 5, 300)
+    act = ActSpec(4, 64, 0.9)
+    ref, xq = _torch_codes(x, act, 12, 64, 320)
+    lib = w4_gemv.library()
+    codes = lambda: act_sym.symmetric_codes(lib.w4_act_sym, x, 12, 64, 5, 320, 4, 0.9)  # noqa: E731
+    c = codes()
+    assert torch.equal(c.xq, xq) and torch.equal(c.scale, ref.scale)
+    assert torch.equal(c.outlier, ref.outlier.to(torch.int16)) and torch.equal(c.outlier_scale, ref.outlier_scale)
+    assert_same_for_thread_counts(lambda: codes().xq, c.xq)
+    x[70, 3] = float("nan")
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        codes()
+
+
+def test_int_mm_rescale_refuses_a_wrong_product():
+    w = w8a8.prepare(from_float(torch.randn(36, 300), "w8a8"), "native").weight
+    with pytest.raises(ValueError, match="int32"):
+        w8_gemv.rescale(torch.zeros(4, 20, dtype=torch.int32), torch.ones(4, 1), w)
+    with pytest.raises(ValueError, match="int32"):
+        w8_gemv.rescale(torch.zeros(4, 48), torch.ones(4, 1), w)
