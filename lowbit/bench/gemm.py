@@ -185,7 +185,9 @@ def run(args) -> int:
                     pl = prepare(p, dev, args.kernel, cpu_method=method or None)
                     calls = [pl] + [prepare(p, dev, args.kernel, cpu_method=method or None)
                                     for _ in range(_copies(dev, tensor_bytes(pl.state)) - 1)]
-                    prepared[kname] = (calls, pl.kernel, tensor_bytes(pl.state), torch.float32)
+                    # weight-only kinds run inside bf16 models (bench decode, vLLM), the others in fp32 ones
+                    xdt = torch.bfloat16 if kind in ("w4a16", "w8a16") else torch.float32
+                    prepared[kname] = (calls, pl.kernel, tensor_bytes(pl.state), xdt)
                 bar.update(1)
             for t in batches:  # every kernel of this batch timed in turn within each repeat
                 bar.set_postfix_str(f"{sname} batch {t}")
