@@ -36,13 +36,21 @@ static void dequant_values(const struct dequant_job *J, uint16_t *d, int64_t ld,
 }
 
 #if PANEL_SIMD == 512
+/* The 16 rows' zero points and scales spread as dequant_quarter reads them: quarter j holds rows
+ * 4j .. 4j + 3, each 4 times. */
+static inline void dequant_spread(__m512i zv, __m512 sv, __m512i zq[4], __m512 sq[4]) {
+    const __m512i base = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    for (int j = 0; j < 4; j++) {
+        const __m512i idx = _mm512_add_epi32(base, _mm512_set1_epi32(4 * j));
+        zq[j] = _mm512_permutexvar_epi32(idx, zv), sq[j] = _mm512_permutexvar_ps(idx, sv);
+    }
+}
+
 /* 16 codes (rows 4j .. 4j + 3 of a panel x 4 channels, as the panels hold them) -> 16 bfloat16 in
- * the same order, with the 16 rows' zero points and scales zv, sv. */
-static inline __m256i dequant_quarter(__m128i codes, __m512i zv, __m512 sv, int j) {
-    const __m512i idx = _mm512_add_epi32(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
-                                         _mm512_set1_epi32(4 * j));
-    __m512i c = _mm512_sub_epi32(_mm512_cvtepu8_epi32(codes), _mm512_permutexvar_epi32(idx, zv));
-    __m512i u = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(c), _mm512_permutexvar_ps(idx, sv)));
+ * the same order. */
+static inline __m256i dequant_quarter(__m128i codes, __m512i zq, __m512 sq) {
+    __m512i c = _mm512_sub_epi32(_mm512_cvtepu8_epi32(codes), zq);
+    __m512i u = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(c), sq));
     /* round to nearest even as f32_to_bf16; NaN quieted */
     __m512i rne = _mm512_srli_epi32(
         _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
@@ -53,11 +61,40 @@ static inline __m256i dequant_quarter(__m128i codes, __m512i zv, __m512 sv, int 
     return _mm512_cvtepi32_epi16(rne);
 }
 
-/* The 4 rows' 4 values each to rows j .. j + 3 of d at channel k. */
-static inline void dequant_store(uint16_t *d, int64_t ld, __m256i v, int j, int64_t k) {
-    uint64_t part[4];
-    _mm256_storeu_si256((__m256i *)part, v);
-    for (int i = 0; i < 4; i++) memcpy(d + (j + i) * ld + k, &part[i], 8);
+static inline __m128i quarter_of(__m512i v, int j) {
+    return j == 0 ? _mm512_extracti32x4_epi32(v, 0)
+           : j == 1 ? _mm512_extracti32x4_epi32(v, 1)
+           : j == 2 ? _mm512_extracti32x4_epi32(v, 2)
+                    : _mm512_extracti32x4_epi32(v, 3);
+}
+
+/* One 64-byte panel vector at channel k into rows 0-15 of d: INT8 codes (4 channels per row), or
+ * 4-bit ones (8 channels per row: low nibbles 0-3, high 4-7, stored as one 16-byte run per row). */
+static inline void dequant_vector(uint16_t *d, int64_t ld, __m512i raw, int nibbles, int64_t k, const __m512i zq[4],
+                                  const __m512 sq[4]) {
+    if (nibbles) {
+        const __m512i lo = VMASK4(raw), hi = VSHR4(raw);
+        for (int j = 0; j < 4; j++) {
+            const __m256i vl = dequant_quarter(quarter_of(lo, j), zq[j], sq[j]);
+            const __m256i vh = dequant_quarter(quarter_of(hi, j), zq[j], sq[j]);
+            const __m256i a = _mm256_unpacklo_epi64(vl, vh), b = _mm256_unpackhi_epi64(vl, vh); /* rows 0, 2 | 1, 3 */
+            uint16_t *r = d + 4 * j * ld + k;
+            _mm_storeu_si128((__m128i *)r, _mm256_castsi256_si128(a));
+            _mm_storeu_si128((__m128i *)(r + ld), _mm256_castsi256_si128(b));
+            _mm_storeu_si128((__m128i *)(r + 2 * ld), _mm256_extracti128_si256(a, 1));
+            _mm_storeu_si128((__m128i *)(r + 3 * ld), _mm256_extracti128_si256(b, 1));
+        }
+    } else {
+        for (int j = 0; j < 4; j++) {
+            const __m256i v = dequant_quarter(quarter_of(raw, j), zq[j], sq[j]);
+            const __m128i v0 = _mm256_castsi256_si128(v), v1 = _mm256_extracti128_si256(v, 1);
+            uint16_t *r = d + 4 * j * ld + k;
+            _mm_storel_epi64((__m128i *)r, v0);
+            _mm_storeh_pd((double *)(r + ld), _mm_castsi128_pd(v0));
+            _mm_storel_epi64((__m128i *)(r + 2 * ld), v1);
+            _mm_storeh_pd((double *)(r + 3 * ld), _mm_castsi128_pd(v1));
+        }
+    }
 }
 #endif
 
@@ -78,29 +115,12 @@ static void dequant_item(const void *ctx, int64_t item) {
         int64_t k = a;
 #if PANEL_SIMD == 512
         const int64_t q = (item * J->ng + g) * PANEL;
-        const __m512i zv = _mm512_loadu_si512((const void *)(J->zw + q));
-        const __m512 sv = _mm512_loadu_ps(J->sw + q);
-        for (; k + step <= e && (dq_buf || rows == PANEL); k += step) {
-            const __m512i raw = _mm512_loadu_si512((const void *)(J->w + panel_at(r0, k, J->kp, J->nibbles)));
-            const __m512i lo = J->nibbles ? VMASK4(raw) : raw;
-            for (int j = 0; j < 4; j++) {
-                __m128i c = j == 0 ? _mm512_extracti32x4_epi32(lo, 0)
-                            : j == 1 ? _mm512_extracti32x4_epi32(lo, 1)
-                            : j == 2 ? _mm512_extracti32x4_epi32(lo, 2)
-                                     : _mm512_extracti32x4_epi32(lo, 3);
-                dequant_store(d, dl, dequant_quarter(c, zv, sv, j), 4 * j, k);
-            }
-            if (J->nibbles) {
-                const __m512i hi = VSHR4(raw);
-                for (int j = 0; j < 4; j++) {
-                    __m128i c = j == 0 ? _mm512_extracti32x4_epi32(hi, 0)
-                                : j == 1 ? _mm512_extracti32x4_epi32(hi, 1)
-                                : j == 2 ? _mm512_extracti32x4_epi32(hi, 2)
-                                         : _mm512_extracti32x4_epi32(hi, 3);
-                    dequant_store(d, dl, dequant_quarter(c, zv, sv, j), 4 * j, k + 4);
-                }
-            }
-        }
+        __m512i zq[4];
+        __m512 sq[4];
+        dequant_spread(_mm512_loadu_si512((const void *)(J->zw + q)), _mm512_loadu_ps(J->sw + q), zq, sq);
+        for (; k + step <= e && (dq_buf || rows == PANEL); k += step)
+            dequant_vector(d, dl, _mm512_loadu_si512((const void *)(J->w + panel_at(r0, k, J->kp, J->nibbles))),
+                           J->nibbles, k, zq, sq);
 #endif
         dequant_values(J, d, dl, r0, g, k, e);
     }
