@@ -8,7 +8,13 @@ the kernels are the same bits and only attention and norms round differently. W4
 last-bit differences into different activation codes: its perplexity moves by about 1 % when
 lowbit's own norms merely round in float64 (measured here, 6 layers: -0.71 %; vLLM: +1.16 %), so
 W4A4 is held to twice that measured sensitivity, W8A8 (dynamic INT8 codes: vLLM +0.70 % on an AMX
-Xeon, where vLLM's fp32 attention takes other vector paths) likewise, and W4A16 to 0.5 %. The model is the
+Xeon, where vLLM's fp32 attention takes other vector paths) likewise, and W4A16 to 0.5 %. The float64
+norms underestimate vLLM's own roundings (attention, rotary, SiLU too) on this truncated model,
+whose perplexity is ~2e8: W4A4 measured +1.16 % and -2.4 % on a Zen 3, -3.88 % and -4.03 % on the
+AMX Xeon (where the measured sensitivity was 1.03 % in one run and 2.46 % in the other: the
+quantized checkpoint itself differs by a last bit between runs); so W4A4 is held to at least 6 %
+(a wrong export, scale or permutation moves it by orders of magnitude) and to lowbit's greedy
+tokens. The model is the
 default model's first ``LAYERS`` decoder layers (its real embeddings, tokenizer and weights), so
 quantizing three formats and one vLLM process serving all of them fit in a few minutes on 2 cores.
 
@@ -33,6 +39,7 @@ from lowbit.vllm_plugin.runner import run
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(900)]
 
 LAYERS = 6
+W4A4_FLOOR = 0.06  # see the module docstring: observed up to 4.03 % on this truncated model
 WINDOWS, SEQLEN = 2, 256
 PROMPT = "The capital of France is Paris. The capital of Germany is"
 GREEDY_TOKENS = 12
@@ -142,7 +149,7 @@ def _format_problem(served, fmt, monkeypatch) -> str | None:
     tol = PPL_TOLERANCE
     if fmt in ("w4a4", "w8a8"):  # dynamic activation codes: a last-bit change can move a code
         sens = _rounding_sensitivity(model, windows, ours, monkeypatch)
-        tol = max(tol, 2 * abs(sens))
+        tol = max(tol, 2 * abs(sens), W4A4_FLOOR if fmt == "w4a4" else 0.0)
         print(f"{fmt}: lowbit's ppl with float64 norms moves {sens:+.3%}")
     print(f"{fmt}: vLLM+plugin ppl {theirs:.4f}, lowbit {ours:.4f} ({theirs / ours - 1:+.3%}, bound {tol:.2%}), "
           f"vLLM load {res['load_s']:.0f} s")
