@@ -71,27 +71,38 @@ static int64_t act_sym_tokens(const void *x, int bf16, int64_t t, int64_t n_in, 
     return bad;
 }
 
-/* act_sym_tokens over the work pool (work_pool.h), blocks of ACT_SYM_BLOCK tokens: each token's codes
- * are computed alone, so the same bits for any thread count. */
-#define ACT_SYM_BLOCK 16
+/* act_sym_tokens over the work pool (work_pool.h), blocks of `block` tokens, each first gathered as
+ * x[:, perm] into xg when perm is not NULL (a layer's input reorder: the same values, so the same
+ * codes): each token's codes are computed alone, so the same bits for any thread count. */
+#define ACT_SYM_BLOCK 16 /* the exported entry point's blocks */
 struct act_sym_job {
     const void *x;
     int bf16, bits;
-    int64_t t, n_in, n, group, ng, kp;
+    const int64_t *perm;
+    void *xg; /* [t, n_in], x's element size, when perm is not NULL */
+    int64_t t, n_in, n, group, ng, kp, block;
     float clip;
     int16_t *xq, *oq;
     float *sx, *osx;
     int32_t *xsum;
-    _Atomic int64_t bad;
+    _Atomic int64_t bad; /* tokens with a NaN or Inf */
 };
 
 static void act_sym_item(const void *ctx, int64_t item) {
     struct act_sym_job *J = (struct act_sym_job *)ctx; /* only `bad` is written, atomically */
-    const int64_t i0 = item * ACT_SYM_BLOCK, cnt = J->t - i0 < ACT_SYM_BLOCK ? J->t - i0 : ACT_SYM_BLOCK;
+    const int64_t i0 = item * J->block, cnt = J->t - i0 < J->block ? J->t - i0 : J->block;
     const size_t esz = J->bf16 ? 2 : 4;
-    int64_t bad = act_sym_tokens((const char *)J->x + (size_t)(i0 * J->n_in) * esz, J->bf16, cnt, J->n_in, J->n,
-                                 J->group, J->ng, J->kp, J->bits, J->clip, J->xq + i0 * J->kp, J->sx + i0 * J->ng,
-                                 J->xsum + i0 * J->ng, J->oq + i0 * (J->n_in - J->n), J->osx + i0);
+    const char *x = (const char *)J->x + (size_t)(i0 * J->n_in) * esz;
+    if (J->perm) {
+        char *g = (char *)J->xg + (size_t)(i0 * J->n_in) * esz;
+        for (int64_t i = 0; i < cnt; i++)
+            for (int64_t j = 0; j < J->n_in; j++)
+                memcpy(g + (i * J->n_in + j) * esz, x + (i * J->n_in + J->perm[j]) * esz, esz);
+        x = g;
+    }
+    int64_t bad = act_sym_tokens(x, J->bf16, cnt, J->n_in, J->n, J->group, J->ng, J->kp, J->bits, J->clip,
+                                 J->xq + i0 * J->kp, J->sx + i0 * J->ng, J->xsum + i0 * J->ng,
+                                 J->oq + i0 * (J->n_in - J->n), J->osx + i0);
     if (bad) atomic_fetch_add(&J->bad, bad);
 }
 
@@ -102,7 +113,9 @@ static void act_sym_item(const void *ctx, int64_t item) {
                  int threads) {                                                                                    \
         if (t <= ACT_SYM_BLOCK || threads <= 1)                                                                    \
             return act_sym_tokens(x, bf16, t, n_in, n, group, ng, kp, bits, clip, xq, sx, xsum, oq, osx);        \
-        struct act_sym_job J = {x, bf16, bits, t, n_in, n, group, ng, kp, clip, xq, oq, sx, osx, xsum, 0};       \
+        struct act_sym_job J = {.x = x, .bf16 = bf16, .bits = bits, .t = t, .n_in = n_in, .n = n, .group = group, \
+                                .ng = ng, .kp = kp, .block = ACT_SYM_BLOCK, .clip = clip, .xq = xq, .oq = oq,      \
+                                .sx = sx, .osx = osx, .xsum = xsum};                                               \
         pool_run(act_sym_item, &J, (t + ACT_SYM_BLOCK - 1) / ACT_SYM_BLOCK, threads);                             \
         return atomic_load(&J.bad);                                                                                \
     }

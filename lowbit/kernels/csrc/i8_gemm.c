@@ -266,42 +266,6 @@ int i8_gemm(const uint8_t *w, int nibbles, const float *sw, int32_t zero, int64_
 /* The integer kinds' activation codes (act_sym.h) for this library's callers. */
 ACT_SYM_EXPORT(i8_act_sym)
 
-/* Gather (x[:, perm]) and activation codes of a block of tokens (act_sym.h), for the work pool. */
-struct act_job {
-    const void *x;
-    int x_bf16;
-    const int64_t *perm;
-    void *xg;
-    int64_t t, n_in, n, group, ng, kp;
-    int bits;
-    float clip;
-    int16_t *xq;
-    float *sx;
-    int32_t *xsum;
-    int16_t *oq;
-    float *osx;
-    _Atomic int64_t bad; /* tokens with a NaN or Inf */
-};
-
-static void act_item(const void *ctx, int64_t item) {
-    struct act_job *J = (struct act_job *)ctx; /* only `bad` is written, atomically */
-    const int64_t i0 = item * TOKENS_PER_ITEM, cnt = J->t - i0 < TOKENS_PER_ITEM ? J->t - i0 : TOKENS_PER_ITEM;
-    const size_t esz = J->x_bf16 ? 2 : 4;
-    const char *x = (const char *)J->x + (size_t)(i0 * J->n_in) * esz;
-    if (J->perm) {
-        char *g = (char *)J->xg + (size_t)(i0 * J->n_in) * esz;
-        for (int64_t i = 0; i < cnt; i++)
-            for (int64_t j = 0; j < J->n_in; j++)
-                memcpy(g + (i * J->n_in + j) * esz, x + (i * J->n_in + J->perm[j]) * esz, esz);
-        x = g;
-    }
-    const int64_t k = J->n_in - J->n;
-    int64_t bad = act_sym_tokens(x, J->x_bf16, cnt, J->n_in, J->n, J->group, J->ng, J->kp, J->bits, J->clip,
-                                 J->xq + i0 * J->kp, J->sx + i0 * J->ng, J->xsum + i0 * J->ng, J->oq + i0 * k,
-                                 J->osx + i0);
-    if (bad) atomic_fetch_add(&J->bad, bad);
-}
-
 /* One W8A8 / W4A4 linear, one crossing from Python (a decode step calls every layer): x [t, n_in]
  * float32 (x_bf16 = 0) or bfloat16 (1), read through perm when it is not NULL (x[:, perm], the
  * layer's input reorder: the same values, so the same codes), -> per-token codes as i8_act_sym
@@ -327,8 +291,10 @@ int i8_gemm_linear(const uint8_t *w, int nibbles, const float *sw, int32_t zero,
     if ((perm && !xg) || !xq || !sx || !xsum || !yf) goto done;
     int16_t *oq = xq + t * kp;
     float *osx = sx + t * ng;
-    struct act_job J = {x, x_bf16, perm, xg, t, n_in, n, group, ng, kp, bits, clip, xq, sx, xsum, oq, osx, 0};
-    pool_run(act_item, &J, (t + TOKENS_PER_ITEM - 1) / TOKENS_PER_ITEM, threads);
+    struct act_sym_job J = {.x = x, .bf16 = x_bf16, .bits = bits, .perm = perm, .xg = xg, .t = t, .n_in = n_in,
+                            .n = n, .group = group, .ng = ng, .kp = kp, .block = TOKENS_PER_ITEM, .clip = clip,
+                            .xq = xq, .oq = oq, .sx = sx, .osx = osx, .xsum = xsum};
+    pool_run(act_sym_item, &J, (t + TOKENS_PER_ITEM - 1) / TOKENS_PER_ITEM, threads);
     rc = -2;
     if (atomic_load(&J.bad)) goto done;
     rc = -1;
