@@ -149,9 +149,9 @@ def run(x: torch.Tensor, w: A16Panels, lib: ctypes.CDLL | None = None) -> torch.
     weight's rounding to bfloat16 (2^-9 relative) instead of the activations' int16 one, float32
     sums, so within 2^-8·Σ|x·w| + the output's rounding of the exact product (tested)."""
     lib = _built(lib)
-    if x.dtype == torch.bfloat16 and bf16_matmul_native():
-        a16_linear.check_input(x, w.n_in, "a16 gemm kernel")
-        if x.numel() >= BF16_MIN_TOKENS[w.nibbles] * w.n_in:
-            y = F.linear(x, dequantize_bf16(w, lib))
-            return y + w.bias.to(y.dtype) if w.bias is not None else y
+    if (isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16 and x.numel() >= BF16_MIN_TOKENS[w.nibbles] * w.n_in
+            and bf16_matmul_native()):
+        a16_linear.check_input(x, w.n_in, "a16 gemm kernel")  # below the threshold `call` checks
+        y = F.linear(x, dequantize_bf16(w, lib))
+        return y + w.bias.to(y.dtype) if w.bias is not None else y
     return a16_linear.call(lib.a16_gemm_linear, w.args, w.n_in, w.args[4], w.out, w.bias, x, "a16 gemm kernel")
