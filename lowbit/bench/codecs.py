@@ -90,24 +90,22 @@ def run(args) -> int:
 def _channel_row(spec, x, y, hidden: int, repeats: int, sync, impl: str, copy_gbs: float) -> dict:
     """What the one-shot all-reduce does around the codec for ``int4+h+o16``-style specs, timed as
     one codec: encode = outliers out, zeroed, block Hadamard and the codec, fused per row
-    (``ChannelPlan.encode``); decode = decode to float32 + merge (inverse Hadamard, outlier sums in,
-    one cast), into kept buffers. Channels spread evenly (random data has no special ones); whole
+    (``ChannelPlan.encode``); decode = decode + merge (inverse Hadamard, outlier sums in, one cast),
+    fused per row (``ChannelPlan.decode_merge``), into kept buffers. Channels spread evenly (random data has no special ones); whole
     tokens of ``hidden`` values."""
     import torch
 
     from lowbit.comm.channels import ChannelPlan, spread_channels
-    from lowbit.comm.codecs import decode, encode
+    from lowbit.comm.codecs import encode
 
     tokens = x.numel() // hidden
     xs, ys = x[: tokens * hidden].view(tokens, hidden), y[: tokens * hidden].view(tokens, hidden)
     plan = ChannelPlan.make(spec, hidden, spread_channels(spec.outliers, hidden) if spec.outliers else None)
     wire = encode(xs.float(), spec.codec)
     outl = torch.empty(tokens, spec.outliers, dtype=x.dtype, device=x.device)
-    dec = torch.empty(xs.numel(), dtype=torch.float32, device=x.device)
     te = _median_time(lambda: plan.encode(xs, spec.codec, wire, outl), repeats, sync)
     osum = outl.float()
-    td = _median_time(lambda: plan.merge(decode(wire, spec.codec, xs.numel(), torch.float32, out=dec), osum, ys),
-                      repeats, sync)
+    td = _median_time(lambda: plan.decode_merge([wire], spec.codec, osum, ys), repeats, sync)
     nbytes = xs.numel() * xs.element_size()
     both = nbytes / (te + td) / 1e9
     return {"codec": spec.name, "impl": impl,

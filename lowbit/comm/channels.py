@@ -131,6 +131,27 @@ class ChannelPlan:
             return out
         return self.merge_torch(rest, osum, out)
 
+    def decode_merge(self, wires: list[torch.Tensor], codec, osum: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
+        """:meth:`merge` of the float32 sum (list order) of the decoded ``wires`` (``[rows, row_bytes]``,
+        float32-wire rows of ``out.numel()`` values): one C pass per row on CPU, no float32 message
+        in memory; decode + decode_add + merge elsewhere. The same bits either way (tested)."""
+        from .codecs.device import decode, decode_add
+
+        n, nch = out.numel(), self.channels.numel()
+        if nch and (osum is None or tuple(osum.shape) != (n // self.hidden, nch)):
+            raise ValueError(f"decode_merge: needs the float32 outlier sums of {n // self.hidden} x {nch}, got "
+                             f"{None if osum is None else tuple(osum.shape)}")
+        if (self._native(out) and out.is_contiguous() and all(w.is_contiguous() and w.device.type == "cpu" for w in wires)
+                and codec.kind in ("int", "fp4")):
+            native.decode_merge_channels(list(wires), 0 if codec.kind == "int" else 1, codec.bits, codec.row_bytes,
+                                         codec.code_bytes, self.hidden, self.channels, nch, self.block, self.scale,
+                                         osum.contiguous() if nch else None, out.view(-1))
+            return out
+        acc = decode(wires[0], codec, n, torch.float32, fp_wire=torch.float32)
+        for w in wires[1:]:
+            decode_add(acc, w, codec, fp_wire=torch.float32)
+        return self.merge(acc.view(-1, self.hidden), osum, out)
+
     def merge_torch(self, rest: torch.Tensor, osum: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
         vals = block_transform(rest, self.block) if self.block else rest
         vals = vals.reshape(-1, self.hidden)

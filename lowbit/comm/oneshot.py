@@ -55,10 +55,6 @@ def one_shot_channels(x: torch.Tensor, codec: Codec, plan, group=None, out: torc
     send = scratch(workspace, "oneshot_ch_send", (rows * rb + ob,), torch.uint8, x.device)
     plan.encode(x, codec, send[: rows * rb].view(rows, rb), send[rows * rb :].view(dtype).view(tokens, nch))
     guarded("one-shot (all-gather)", all_gather_into, gathered.view(-1), send, group=group)
-    acc = scratch(workspace, "oneshot_ch_acc", (tokens, plan.hidden), torch.float32, x.device)
-    decode(gathered[0, : rows * rb].view(rows, rb), codec, n, torch.float32, fp_wire=torch.float32, out=acc.view(-1))
-    for j in range(1, world):
-        decode_add(acc.view(-1), gathered[j, : rows * rb].view(rows, rb), codec, fp_wire=torch.float32)
     osum = None
     if nch:
         parts = gathered[:, rows * rb :].contiguous().view(dtype).view(world, tokens, nch)
@@ -67,7 +63,8 @@ def one_shot_channels(x: torch.Tensor, codec: Codec, plan, group=None, out: torc
             osum += parts[j].float()
     if out is None:
         out = torch.empty(n, dtype=dtype, device=x.device)
-    plan.merge(acc, osum, out.view(tokens, plan.hidden))
+    plan.decode_merge([gathered[j, : rows * rb].view(rows, rb) for j in range(world)], codec, osum,
+                      out.view(tokens, plan.hidden))
     return out
 
 

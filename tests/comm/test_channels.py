@@ -162,3 +162,45 @@ def test_c_split_and_merge_equal_the_torch_path(dtype):
         native.split_channels(torch.zeros(576), 576, torch.tensor([5, 3]), 2, 0, 1.0)
     with pytest.raises(ValueError, match="whole tokens"):
         native.split_channels(torch.zeros(577), 576, torch.tensor([3, 5]), 2, 0, 1.0)
+
+
+@pytest.mark.parametrize("odt", [torch.bfloat16, torch.float16, torch.float32])
+def test_fused_decode_merge_equals_decode_sum_then_merge(odt):
+    """The one-shot's local step in one C pass per row (decode every rank's rows, float32 sum in
+    rank order, inverse block Hadamard, outlier sums in, one cast) against the torch path, and the
+    portable build (scalar butterfly) against the vectorised one."""
+    from lowbit.comm.codecs import decode, decode_add, native
+
+    if not native.available():
+        pytest.skip("no C compiler: the torch path is the only one")
+    portable = native.variant(native.PORTABLE_FLAGS)
+    g = torch.Generator().manual_seed(7)
+    for spec, n, tokens, world in [("int4+h+o16", 16, 37, 3), ("int4+o16", 16, 5, 2), ("int4+h32", 0, 9, 2),
+                                   ("int3+h+o3", 3, 64, 1), ("fp4+h", 0, 4, 2)]:
+        plan = ChannelPlan.make(spec, 576, torch.randperm(576, generator=g)[:n] if n else None)
+        c = parse_spec(spec).codec
+        wires = []
+        for _ in range(world):
+            x = (torch.randn(tokens, 576, generator=g) * torch.rand(576, generator=g) * 100).to(odt)
+            wire = torch.empty((tokens * 576 + 2047) // 2048, c.row_bytes, dtype=torch.uint8)
+            plan.encode(x, c, wire, torch.empty(tokens, n, dtype=odt))
+            wires.append(wire)
+        osum = torch.randn(tokens, n, generator=g) * 1e4
+        acc = decode(wires[0], c, tokens * 576, torch.float32, fp_wire=torch.float32)
+        for w in wires[1:]:
+            decode_add(acc, w, c, fp_wire=torch.float32)
+        want = plan.merge_torch(acc.view(tokens, 576), osum, torch.empty(tokens, 576, dtype=odt))
+        got = plan.decode_merge(wires, c, osum, torch.empty(tokens, 576, dtype=odt))
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (spec, odt)
+        if portable is not None:
+            p = native.decode_merge_channels(wires, 0 if c.kind == "int" else 1, c.bits, c.row_bytes, c.code_bytes, 576,
+                                             plan.channels, n, plan.block, plan.scale, osum if n else None,
+                                             torch.empty(tokens * 576, dtype=odt), lib=portable)
+            assert torch.equal(p.view(torch.uint8), want.view(-1).view(torch.uint8)), (spec, odt, "portable")
+    plan = ChannelPlan.make("int4+o2", 576, torch.tensor([1, 9]))
+    c = parse_spec("int4").codec
+    with pytest.raises(ValueError, match="outlier sums"):
+        plan.decode_merge([torch.zeros(1, c.row_bytes, dtype=torch.uint8)], c, None, torch.empty(1, 576))
+    with pytest.raises(ValueError, match="wire 1"):
+        plan.decode_merge([torch.zeros(1, c.row_bytes, dtype=torch.uint8), torch.zeros(2, c.row_bytes, dtype=torch.uint8)],
+                          c, torch.zeros(1, 2), torch.empty(1, 576))

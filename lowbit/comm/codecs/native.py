@@ -42,6 +42,9 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.qr_merge.restype = ci
     lib.qr_encode_split.argtypes = [vp, ci, i64, i64, vp, i64, ci, ctypes.c_float, vp, i64, ci, ci, vp, i64, i64, i64]
     lib.qr_encode_split.restype = ci
+    lib.qr_decode_merge.argtypes = [vp, ci, i64, ci, ci, i64, i64, ctypes.POINTER(i64), i64, i64, vp, i64, ci,
+                                    ctypes.c_float, vp, vp, ci]
+    lib.qr_decode_merge.restype = ci
 
 
 _LIB = cbuild.NativeLibrary(_SRC, _flag_sets, _bind)
@@ -198,6 +201,32 @@ def merge_channels(rest: torch.Tensor, hidden: int, chans: torch.Tensor, nch: in
         raise ValueError(f"merge: needs contiguous float32 outlier sums of {rest.numel() // hidden} x {nch}")
     _call((lib or _lib).qr_merge, rest.data_ptr(), rest.numel(), hidden, chans.data_ptr(), nch, block, scale,
           osum.data_ptr() if nch else None, out.data_ptr(), _IN_TYPES[out.dtype])
+    return out
+
+
+def decode_merge_channels(wires: list[torch.Tensor], kind: int, bits: int, row_bytes: int, code_bytes: int,
+                          hidden: int, chans: torch.Tensor, nch: int, block: int, scale: float,
+                          osum: torch.Tensor | None, out: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """``out`` = :func:`merge_channels` of the float32 sum (list order) of the decoded ``wires``
+    (contiguous ``[rows, row_bytes]``, float32-wire rows), fused per row: the one-shot all-reduce's
+    local step with a channel plan, the same bits as decode, decode(accumulate)..., then merge."""
+    if not wires:
+        raise ValueError("decode_merge: needs at least one wire")
+    _check_values(out, "decode_merge out")
+    n = out.numel()
+    rows = _check_rows(wires[0], "decode_merge wire 0", None, row_bytes)
+    for j, w in enumerate(wires):
+        _check_rows(w, f"decode_merge wire {j}", rows, row_bytes)
+    if n > rows * 2048:
+        raise ValueError(f"decode_merge: out holds {n} values, the wires {rows} rows = {rows * 2048} values")
+    _check_chans(chans, hidden, nch, n)
+    if nch and (osum is None or osum.dtype != torch.float32 or not osum.is_contiguous() or osum.numel() != n // hidden * nch):
+        raise ValueError(f"decode_merge: needs contiguous float32 outlier sums of {n // hidden} x {nch}")
+    ptrs = (ctypes.c_void_p * len(wires))(*[w.data_ptr() for w in wires])
+    sizes = (ctypes.c_int64 * len(wires))(*[_bytes(w) for w in wires])
+    if n:
+        _call((lib or _lib).qr_decode_merge, ptrs, len(wires), rows, kind, bits, row_bytes, code_bytes, sizes, n, hidden,
+              chans.data_ptr(), nch, block, scale, osum.data_ptr() if nch else None, out.data_ptr(), _IN_TYPES[out.dtype])
     return out
 
 

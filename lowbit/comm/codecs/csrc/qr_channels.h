@@ -20,6 +20,12 @@
 static void fwht_blocks(float *v, int64_t m, int block, float scale) {
     for (int64_t b = 0; b + block <= m; b += block) {
         float *x = v + b;
+#ifdef QR_SIMD
+        if (block == 32 || block == 64) {
+            simd_fwht_block(x, block, scale);
+            continue;
+        }
+#endif
         if (block == 64) {
             QR_STAGE(x, 64, 1) QR_STAGE(x, 64, 2) QR_STAGE(x, 64, 4) QR_STAGE(x, 64, 8) QR_STAGE(x, 64, 16)
             QR_STAGE(x, 64, 32)
@@ -61,6 +67,26 @@ int qr_split(const void *in, int in_type, int64_t n, int64_t hidden, const int64
     return 0;
 }
 
+/* qr_merge's steps on one row of m values in L1 (buf, the values from start on): the block
+ * Hadamard, the outlier sums put back, one cast into out. */
+static void merge_row(float *buf, int64_t start, int64_t m, int64_t hidden, const int64_t *chans, int64_t nch,
+                      int block, float scale, const float *osum, void *out, int out_type) {
+    if (block) fwht_blocks(buf, m, block, scale);
+    for (int64_t tok = start / hidden; nch && tok * hidden < start + m; tok++)
+        for (int64_t k = 0; k < nch; k++) {
+            int64_t p = tok * hidden + chans[k];
+            if (p >= start && p < start + m) buf[p - start] = osum[tok * nch + k];
+        }
+    if (out_type == 0) {
+        memcpy((float *)out + start, buf, (size_t)m * sizeof(float));
+    } else if (out_type == 1) {
+        store_bf16(buf, (uint16_t *)out + start, m);
+    } else {
+        _Float16 *o = (_Float16 *)out + start;
+        for (int64_t i = 0; i < m; i++) o[i] = (_Float16)buf[i];
+    }
+}
+
 int qr_merge(const float *rest, int64_t n, int64_t hidden, const int64_t *chans, int64_t nch, int block, float scale,
              const float *osum, void *out, int out_type) {
     float buf[ROW];
@@ -68,20 +94,33 @@ int qr_merge(const float *rest, int64_t n, int64_t hidden, const int64_t *chans,
     for (int64_t start = 0; start < n; start += ROW) {
         int64_t m = n - start < ROW ? n - start : ROW;
         memcpy(buf, rest + start, (size_t)m * sizeof(float));
-        if (block) fwht_blocks(buf, m, block, scale);
-        for (int64_t tok = start / hidden; nch && tok * hidden < start + m; tok++)
-            for (int64_t k = 0; k < nch; k++) {
-                int64_t p = tok * hidden + chans[k];
-                if (p >= start && p < start + m) buf[p - start] = osum[tok * nch + k];
-            }
-        if (out_type == 0) {
-            memcpy((float *)out + start, buf, (size_t)m * sizeof(float));
-        } else if (out_type == 1) {
-            store_bf16(buf, (uint16_t *)out + start, m);
-        } else {
-            _Float16 *o = (_Float16 *)out + start;
-            for (int64_t i = 0; i < m; i++) o[i] = (_Float16)buf[i];
+        merge_row(buf, start, m, hidden, chans, nch, block, scale, osum, out, out_type);
+    }
+    return 0;
+}
+
+/* The one-shot all-reduce's local step with a channel plan, fused per row: the nw wires' rows
+ * decoded and added in float32 in list order (the additions of qr_decode, then qr_decode with
+ * accumulate for each next wire), then qr_merge's steps, without a float32 message in memory.
+ * The n values are whole tokens; wire_bytes[j]: wire j's size. Returns 0, or -1 (nothing
+ * written) for a size or layout that is not ours. */
+int qr_decode_merge(const uint8_t *const *wires, int nw, int64_t rows, int kind, int bits, int64_t row_bytes,
+                    int64_t code_bytes, const int64_t *wire_bytes, int64_t n, int64_t hidden, const int64_t *chans,
+                    int64_t nch, int block, float scale, const float *osum, void *out, int out_type) {
+    float acc[ROW], vals[ROW];
+    if (nw < 1 || !layout_ok(kind, bits, row_bytes, code_bytes) || !channels_ok(n, hidden, nch, block)
+        || out_type < 0 || out_type > 2 || (nch && !osum) || rows > INT64_MAX / ROW || n > rows * ROW)
+        return -1;
+    for (int j = 0; j < nw; j++)
+        if (!fits(rows, row_bytes, wire_bytes[j])) return -1;
+    for (int64_t start = 0; start < n; start += ROW) {
+        int64_t m = n - start < ROW ? n - start : ROW, off = start / ROW * row_bytes;
+        decode_row(wires[0] + off, kind, bits, code_bytes, acc, m);
+        for (int j = 1; j < nw; j++) {
+            decode_row(wires[j] + off, kind, bits, code_bytes, vals, m);
+            for (int64_t i = 0; i < m; i++) acc[i] += vals[i];
         }
+        merge_row(acc, start, m, hidden, chans, nch, block, scale, osum, out, out_type);
     }
     return 0;
 }
