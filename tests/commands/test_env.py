@@ -11,7 +11,7 @@ def test_env_reports_cpu_libraries_and_kernels(tmp_path, capsys):
     rep = json.loads((tmp_path / "env.json").read_text())
     assert rep["cpu"]["model"] in capsys.readouterr().out
     assert {lib["name"] for lib in rep["native"]} == {"all-reduce codecs", "4-bit linear", "8-bit linear", "decode ops",
-                                                      "batched int8 linear", "batched A16 linear"}
+                                                      "batched int8 linear", "batched A16 linear", "online block Hadamard"}
     assert set(rep["kernels"]) == {"w4a16", "w8a16", "w8a8", "w4a4"}
     # a kind runs a native kernel (the GEMV or the batched one) exactly where its library built
     w4 = next(lib["built"] for lib in rep["native"] if lib["name"] == "4-bit linear")

@@ -7,12 +7,12 @@ import torch
 
 from lowbit.comm.codecs import native as codecs_native
 from lowbit.native import cbuild, isa
-from lowbit.kernels.cpu import a16_gemm, decode_ops, i8_gemm, w4_gemv, w4a4, w8_gemv, w8a8
+from lowbit.kernels.cpu import a16_gemm, decode_ops, hadamard, i8_gemm, w4_gemv, w4a4, w8_gemv, w8a8
 from lowbit.kernels import from_float
 from lowbit.native.isa import ISAError
 
 SOURCES = {"w4": w4_gemv._LIB.src, "w8": w8_gemv._LIB.src, "i8_gemm": i8_gemm._LIB.src, "a16_gemm": a16_gemm._LIB.src,
-           "decode_ops": decode_ops._LIB.src, "codecs": codecs_native._SRC}
+           "decode_ops": decode_ops._LIB.src, "hadamard": hadamard._LIB.src, "codecs": codecs_native._SRC}
 X86 = pytest.mark.skipif(not isa.x86(), reason="ISA variants are x86-64 target flags")
 
 
@@ -98,6 +98,13 @@ def _decode_outputs(lib):
                 decode_ops.rope(xr, cos, sin, lib=lib), decode_ops.rope(xr.bfloat16(), cos.bfloat16(), sin.bfloat16(), lib=lib)]
 
 
+def _hadamard_outputs(lib):
+    torch.manual_seed(6)
+    x = torch.randn(5, 576) * 4
+    return [hadamard.block_hadamard(x, 512, 128, lib=lib), hadamard.block_hadamard(x.bfloat16(), 576, 64, lib=lib),
+            hadamard.block_hadamard(x[:, :40], 32, 4, lib=lib)]
+
+
 def _codec_outputs(lib):
     from lowbit.comm.codecs import get_codec
     from lowbit.comm.codecs.fast import _kind
@@ -120,6 +127,7 @@ OUTPUTS = {"w4": (_w4_outputs, w4_gemv.library, w4_gemv.PORTABLE_FLAGS),
            "i8_gemm": (_i8_outputs, i8_gemm.library, i8_gemm.PORTABLE_FLAGS),
            "a16_gemm": (_a16_outputs, a16_gemm.library, a16_gemm.PORTABLE_FLAGS),
            "decode_ops": (_decode_outputs, decode_ops.library, ("-O3",)),
+           "hadamard": (_hadamard_outputs, hadamard.library, ("-O3",)),
            "codecs": (_codec_outputs, codecs_native.variant, codecs_native.PORTABLE_FLAGS)}
 
 

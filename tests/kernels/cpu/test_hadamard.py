@@ -1,0 +1,68 @@
+"""The online block Hadamard in C (``csrc/hadamard.c``) against the torch formulation it replaced
+(``fast_transform`` per block): the same bits, float32 and bfloat16, in the native and the portable
+build, over the default model's widths, tiny blocks, strided and empty inputs; None (the caller's
+torch path) wherever it does not apply."""
+
+import pytest
+import torch
+
+from lowbit.kernels.cpu import hadamard as hk
+from lowbit.nn.online_hadamard import BlockHadamard
+
+pytestmark = pytest.mark.skipif(hk.library() is None, reason="no C compiler for the native ops")
+PORTABLE = ("-O3",)
+CASES = [(576, 512, 128), (1536, 1472, 64), (40, 32, 2), (64, 64, 64), (24, 16, 8), (48, 32, 16), (20, 4, 4),
+         (130, 0, 128)]
+
+
+def _bits(t):
+    return t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("flags", [None, PORTABLE], ids=["native", "portable"])
+def test_same_bits_as_the_torch_transform(dtype, flags):
+    lib = hk.library(flags)
+    if lib is None:
+        pytest.skip("build failed")
+    g = torch.Generator().manual_seed(0)
+    for n, normal, block in CASES:
+        for tokens in (0, 1, 3, 17):
+            x = (torch.randn(tokens, n, generator=g) * torch.rand(n, generator=g) * 50).to(dtype)
+            got = hk.block_hadamard(x, normal, block, lib=lib)
+            assert got.shape == x.shape and got.dtype == dtype
+            assert torch.equal(_bits(got), _bits(hk.block_hadamard_reference(x, normal, block))), (n, normal, block, tokens)
+    wide = (torch.randn(2, 5, 700, generator=g) * 9).to(dtype)
+    x = wide[..., 50:626]  # 3-D, rows 700 apart: read in place
+    assert torch.equal(_bits(hk.block_hadamard(x, 512, 128, lib=lib)), _bits(hk.block_hadamard_reference(x, 512, 128)))
+    xt = (torch.randn(576, 3, generator=g)).to(dtype).t()  # no unit last stride: copied first
+    assert torch.equal(_bits(hk.block_hadamard(xt, 512, 128, lib=lib)), _bits(hk.block_hadamard_reference(xt, 512, 128)))
+
+
+def test_non_finite_values_stay_where_torch_puts_them():
+    x = torch.randn(3, 576)
+    x[0, 5], x[1, 300], x[2, 550] = float("nan"), float("inf"), float("nan")
+    for dt in (torch.float32, torch.bfloat16):
+        got, want = hk.block_hadamard(x.to(dt), 512, 128), hk.block_hadamard_reference(x.to(dt), 512, 128)
+        assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf())
+        fin = want.isfinite()
+        assert torch.equal(_bits(got[fin]), _bits(want[fin]))
+
+
+def test_where_it_does_not_apply_the_caller_keeps_torch():
+    x = torch.randn(2, 576)
+    assert hk.block_hadamard(x.half(), 512, 128) is None  # float16
+    assert hk.block_hadamard(x.double(), 512, 128) is None
+    assert hk.block_hadamard(x, 512, 256) is None  # over the C kernel's largest block
+    assert hk.block_hadamard(x, 500, 128) is None and hk.block_hadamard(x, 512, 96) is None
+    assert hk.block_hadamard(x, 640, 128) is None  # more normal channels than the row has
+    assert hk.block_hadamard(x.requires_grad_(), 512, 128) is None
+    with torch.no_grad():
+        assert hk.block_hadamard(x, 512, 128) is not None
+
+
+def test_block_hadamard_module_runs_the_c_kernel_with_the_same_bits():
+    b = BlockHadamard(576, 512, 128)
+    x = torch.randn(4, 576).bfloat16()
+    assert torch.equal(_bits(b(x)), _bits(hk.block_hadamard_reference(x, 512, 128)))
+    assert torch.equal(_bits(b(x.half()).bfloat16()), _bits(hk.block_hadamard_reference(x.half(), 512, 128).bfloat16()))
