@@ -55,7 +55,7 @@ case $PHASE in
 kernels)
     env_info
     step gpu-tests 200 $PY -m pytest -q -p no:cacheprovider -m gpu -rs \
-        tests/kernels/test_triton_gpu.py tests/comm/test_codecs_cuda.py tests/eval/test_eval_cuda.py tests/nn/test_quant_linear_cuda.py
+        tests/kernels/triton/test_gpu.py tests/comm/test_codecs_cuda.py tests/comm/test_triton_codec.py tests/eval/test_eval_cuda.py tests/nn/test_quant_linear_cuda.py
     step bench-gemm 150 $PY -m lowbit bench gemm --device "$DEV" --shapes default,llama7b --batches 1,8,64,512 \
         --kernels fp32,bf16,w4a4 --repeats 15 --out "$OUT/gemm"
     step bench-codecs 60 $PY -m lowbit bench codecs --device "$DEV" --elements $((64 << 20)) --repeats 15 --out "$OUT/codecs"

@@ -7,6 +7,8 @@ import torch
 
 from lowbit.kernels import ActSpec, from_float, quantize_tokens, reference
 from lowbit.kernels.triton.act_codes import quantize_tokens_triton
+from lowbit.kernels.cpu.hadamard import block_hadamard_reference
+from lowbit.kernels.triton.hadamard import block_hadamard_triton
 from lowbit.kernels.triton.w4a4 import prepare, run
 
 
@@ -31,6 +33,14 @@ def main() -> None:
     x8 = torch.randn(4, 64)
     a8, r8 = quantize_tokens_triton(x8, ActSpec(8, 0)), quantize_tokens(x8, ActSpec(8, 0))
     res["act_int8_row"] = torch.equal(a8.codes, r8.codes) and torch.equal(a8.scale, r8.scale)
+    for name, (t, n, normal, block, dt) in {"had_576": (3, 576, 512, 128, torch.float32),
+                                             "had_bf16": (2, 1536, 1472, 64, torch.bfloat16),
+                                             "had_tiny": (5, 20, 16, 2, torch.float16),
+                                             "had_notail": (1, 64, 64, 32, torch.float32)}.items():
+        x = (torch.randn(t, n) * torch.rand(n) * 30).to(dt)
+        got, want = block_hadamard_triton(x, normal, block), block_hadamard_reference(x, normal, block)
+        bits = torch.int16 if dt != torch.float32 else torch.int32
+        res[name] = got.dtype == dt and torch.equal(got.view(bits), want.view(bits))
     print(json.dumps(res))
 
 

@@ -36,3 +36,16 @@ def test_act_quant_kernel_compiles(arch):
 def test_w4a4_gemm_kernel_compiles(arch):
     for cfg in triton_w4a4.CONFIGS:
         _compile(triton_w4a4._w4a4_kernel, GEMM_SIG, {"G": 128, "BK": 32, "HAS_BIAS": True, "BM": cfg[0], "BO": cfg[1]}, arch)
+
+
+HAD_SIG = {"x_ptr": "*fp32", "y_ptr": "*fp32", "s_x": "i32", "n": "i32", "normal": "i32", "scale": "fp32",
+           "B": "constexpr", "TAIL": "constexpr", "BF16": "constexpr"}
+
+
+@pytest.mark.parametrize("arch", [90, 80])
+def test_block_hadamard_kernel_compiles(arch):
+    from lowbit.kernels.triton import hadamard as triton_hadamard
+
+    for block, ptr, bf16 in ((128, "*fp32", False), (64, "*i16", True), (2, "*fp16", False)):
+        sig = dict(HAD_SIG, x_ptr=ptr, y_ptr=ptr)
+        _compile(triton_hadamard._block_hadamard_kernel, sig, {"B": block, "TAIL": 64, "BF16": bf16}, arch)

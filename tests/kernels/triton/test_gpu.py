@@ -57,3 +57,17 @@ def test_dispatch_picks_triton_for_cuda_w4a4():
     assert pl.kernel == "triton"
     x = torch.randn(3, 256)
     torch.testing.assert_close(pl(x.cuda()).cpu(), prepare(p, "cpu", "reference")(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_block_hadamard_on_gpu_same_bits_as_cpu(dtype):
+    """The rotated presets' online transform compiled for the GPU: the CPU torch path's bits."""
+    from lowbit.kernels.cpu.hadamard import block_hadamard_reference
+    from lowbit.nn.online_hadamard import BlockHadamard
+
+    torch.manual_seed(3)
+    for t, n, normal, block in ((1, 576, 512, 128), (37, 1536, 1472, 64), (512, 4096, 3968, 128)):
+        x = (torch.randn(t, n) * torch.exp(torch.randn(n))).to(dtype)
+        got = BlockHadamard(n, normal, block)(x.cuda()).cpu()
+        bits = torch.int32 if dtype == torch.float32 else torch.int16
+        assert torch.equal(got.view(bits), block_hadamard_reference(x, normal, block).view(bits))

@@ -27,3 +27,9 @@ def test_w4a4_gemm_within_fp32_rescale_bound(results, case):
 
 def test_int8_per_token_row_equals_reference(results):
     assert results["act_int8_row"] is True
+
+
+@pytest.mark.parametrize("case", ["576", "bf16", "tiny", "notail"])
+def test_block_hadamard_same_bits_as_torch(results, case):
+    """The rotated presets' online transform on CUDA tensors: the torch path's bits."""
+    assert results[f"had_{case}"] is True

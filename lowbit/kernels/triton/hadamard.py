@@ -1,0 +1,110 @@
+"""Triton online block Hadamard (the GPU twin of ``csrc/hadamard.c``): one program per (row, block)
+loads ``block`` values, runs the butterfly stages of ``lowbit.formats.hadamard.fast_transform``
+(span h: the pair (a, b) at distance h becomes (a + b, a - b), by reshaping to [.., 2, h] and
+splitting), multiplies once by the float32 ``1/√block`` and stores; the trailing outlier channels
+are copied. The same operations per value as the torch path, so the same bits (tested under
+``TRITON_INTERPRET=1``); bfloat16 rows are transformed in float32 and rounded once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+
+def available() -> bool:
+    return triton is not None
+
+
+if triton is not None:
+
+    @triton.jit
+    def _stage(x, B: tl.constexpr, H: tl.constexpr):
+        y = tl.permute(tl.reshape(x, [B // (2 * H), 2, H]), [0, 2, 1])  # [.., h, 2]: each pair on the last axis
+        a, b = tl.split(y)
+        y = tl.join(a + b, a - b)  # [.., h, 2]
+        return tl.reshape(tl.permute(y, [0, 2, 1]), [B])
+
+    @triton.jit
+    def _bf16_bits(x):
+        """float32 -> bfloat16 bits, round to nearest even (NaN stays a quiet NaN), in integers: the
+        interpreter's own cast truncates, so it would not check what a GPU's rounding cast does."""
+        u = x.to(tl.uint32, bitcast=True)
+        r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+        r = tl.where((u & 0x7FFFFFFF) > 0x7F800000, (u >> 16) | 0x40, r)
+        return r.to(tl.uint16).to(tl.int16, bitcast=True)
+
+    @triton.jit
+    def _block_hadamard_kernel(x_ptr, y_ptr, s_x, n, normal, scale, B: tl.constexpr, TAIL: tl.constexpr,
+                               BF16: tl.constexpr):
+        row = tl.program_id(0)
+        blk = tl.program_id(1)
+        n_blocks = normal // B
+        if blk < n_blocks:
+            r = tl.arange(0, B)
+            x = tl.load(x_ptr + row * s_x + blk * B + r)
+            if BF16:  # bfloat16 bits widened exactly
+                x = (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+            else:
+                x = x.to(tl.float32)
+            if B >= 2:
+                x = _stage(x, B, 1)
+            if B >= 4:
+                x = _stage(x, B, 2)
+            if B >= 8:
+                x = _stage(x, B, 4)
+            if B >= 16:
+                x = _stage(x, B, 8)
+            if B >= 32:
+                x = _stage(x, B, 16)
+            if B >= 64:
+                x = _stage(x, B, 32)
+            if B >= 128:
+                x = _stage(x, B, 64)
+            x = x * scale
+            if BF16:  # y_ptr: the bfloat16 output viewed as int16
+                tl.store(y_ptr + row * n + blk * B + r, _bf16_bits(x))
+            else:
+                tl.store(y_ptr + row * n + blk * B + r, x.to(y_ptr.dtype.element_ty))
+        else:  # the outlier channels, copied
+            t = tl.arange(0, TAIL)
+            m = normal + t < n
+            v = tl.load(x_ptr + row * s_x + normal + t, mask=m, other=0.0)
+            tl.store(y_ptr + row * n + normal + t, v, mask=m)
+
+
+MAX_BLOCK = 128
+
+
+def block_hadamard_triton(x: torch.Tensor, normal: int, block: int) -> torch.Tensor:
+    """``lowbit.kernels.cpu.hadamard.block_hadamard_reference`` by the Triton kernel (float32,
+    bfloat16 or float16 rows with a unit last stride; any leading shape)."""
+    from lowbit.kernels.cpu.hadamard import _scale
+    from lowbit.kernels.linear_params import KernelError
+
+    if triton is None:
+        raise KernelError("the Triton block Hadamard needs triton installed")
+    n = x.shape[-1]
+    if not 2 <= block <= MAX_BLOCK or block & (block - 1) or not 0 <= normal <= n or normal % block:
+        raise ValueError(f"block Hadamard: block {block} must be a power of two in [2, {MAX_BLOCK}] dividing "
+                         f"normal {normal} <= {n}")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"block Hadamard: float32/bfloat16/float16 input, got {x.dtype}")
+    x2 = x.reshape(-1, n)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    bf16 = x.dtype == torch.bfloat16
+    if bf16:  # copied and stored as int16 bit patterns (see _bf16_bits)
+        x2 = x2.view(torch.int16)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rows, tail = x2.shape[0], n - normal
+    if rows and n:
+        grid = (rows, normal // block + (1 if tail else 0))
+        _block_hadamard_kernel[grid](x2, y.view(torch.int16) if bf16 else y, x2.stride(0), n, normal, _scale(block),
+                                     B=block, TAIL=triton.next_power_of_2(max(tail, 1)), BF16=bf16)
+    return y
