@@ -40,8 +40,8 @@ if triton is not None:
         return r.to(tl.uint16).to(tl.int16, bitcast=True)
 
     @triton.jit
-    def _block_hadamard_kernel(x_ptr, y_ptr, s_x, n, normal, scale, B: tl.constexpr, TAIL: tl.constexpr,
-                               BF16: tl.constexpr):
+    def _block_hadamard_kernel(x_ptr, y_ptr, s_x, n, normal, scale, B: tl.constexpr, LOG2B: tl.constexpr,
+                               TAIL: tl.constexpr, BF16: tl.constexpr):
         row = tl.program_id(0)
         blk = tl.program_id(1)
         n_blocks = normal // B
@@ -52,20 +52,8 @@ if triton is not None:
                 x = (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
             else:
                 x = x.to(tl.float32)
-            if B >= 2:
-                x = _stage(x, B, 1)
-            if B >= 4:
-                x = _stage(x, B, 2)
-            if B >= 8:
-                x = _stage(x, B, 4)
-            if B >= 16:
-                x = _stage(x, B, 8)
-            if B >= 32:
-                x = _stage(x, B, 16)
-            if B >= 64:
-                x = _stage(x, B, 32)
-            if B >= 128:
-                x = _stage(x, B, 64)
+            for i in tl.static_range(LOG2B):  # spans 1, 2, 4, ..., B/2
+                x = _stage(x, B, 2 ** i)
             x = x * scale
             if BF16:  # y_ptr: the bfloat16 output viewed as int16
                 tl.store(y_ptr + row * n + blk * B + r, _bf16_bits(x))
@@ -106,5 +94,5 @@ def block_hadamard_triton(x: torch.Tensor, normal: int, block: int) -> torch.Ten
     if rows and n:
         grid = (rows, normal // block + (1 if tail else 0))
         _block_hadamard_kernel[grid](x2, y.view(torch.int16) if bf16 else y, x2.stride(0), n, normal, _scale(block),
-                                     B=block, TAIL=triton.next_power_of_2(max(tail, 1)), BF16=bf16)
+                                     B=block, LOG2B=block.bit_length() - 1, TAIL=triton.next_power_of_2(max(tail, 1)), BF16=bf16)
     return y

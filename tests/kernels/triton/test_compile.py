@@ -39,7 +39,7 @@ def test_w4a4_gemm_kernel_compiles(arch):
 
 
 HAD_SIG = {"x_ptr": "*fp32", "y_ptr": "*fp32", "s_x": "i32", "n": "i32", "normal": "i32", "scale": "fp32",
-           "B": "constexpr", "TAIL": "constexpr", "BF16": "constexpr"}
+           "B": "constexpr", "LOG2B": "constexpr", "TAIL": "constexpr", "BF16": "constexpr"}
 
 
 @pytest.mark.parametrize("arch", [90, 80])
@@ -48,4 +48,4 @@ def test_block_hadamard_kernel_compiles(arch):
 
     for block, ptr, bf16 in ((128, "*fp32", False), (64, "*i16", True), (2, "*fp16", False)):
         sig = dict(HAD_SIG, x_ptr=ptr, y_ptr=ptr)
-        _compile(triton_hadamard._block_hadamard_kernel, sig, {"B": block, "TAIL": 64, "BF16": bf16}, arch)
+        _compile(triton_hadamard._block_hadamard_kernel, sig, {"B": block, "LOG2B": block.bit_length() - 1, "TAIL": 64, "BF16": bf16}, arch)
