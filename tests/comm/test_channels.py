@@ -168,7 +168,7 @@ def test_c_split_and_merge_equal_the_torch_path(dtype):
 def test_fused_decode_merge_equals_decode_sum_then_merge(odt):
     """The one-shot's local step in one C pass per row (decode every rank's rows, float32 sum in
     rank order, inverse block Hadamard, outlier sums in, one cast) against the torch path, and the
-    portable build (scalar butterfly) against the vectorised one."""
+    portable build against the native one."""
     from lowbit.comm.codecs import decode, decode_add, native
 
     if not native.available():

@@ -412,32 +412,3 @@ static inline void simd_unpack_plane(const uint8_t *in, int shift, int w, uint8_
     }
 #undef QR_PUT
 }
-
-/* The block Hadamard butterfly of qr_channels.h for blocks of 32 and 64 floats, 8 per register:
- * spans 1, 2 and 4 inside a register (partner lanes by a permute, a + b kept in the lower lane of
- * each pair and a - b in the upper, by a blend), spans 8 and up between registers. Every value
- * sees the same additions in the same operand order as the scalar stages, then the same multiply:
- * the same bits (tested against the portable build). */
-static inline __m256 simd_fwht_lanes(__m256 r) {
-    __m256 t = _mm256_permute_ps(r, 0xB1); /* span 1: lanes 1 0 3 2 */
-    r = _mm256_blend_ps(_mm256_add_ps(r, t), _mm256_sub_ps(t, r), 0xAA);
-    t = _mm256_permute_ps(r, 0x4E); /* span 2: lanes 2 3 0 1 */
-    r = _mm256_blend_ps(_mm256_add_ps(r, t), _mm256_sub_ps(t, r), 0xCC);
-    t = _mm256_permute2f128_ps(r, r, 0x01); /* span 4: the two halves swapped */
-    return _mm256_blend_ps(_mm256_add_ps(r, t), _mm256_sub_ps(t, r), 0xF0);
-}
-
-static inline void simd_fwht_block(float *x, int block, float scale) {
-    __m256 r[8];
-    const int nr = block / 8;
-    for (int i = 0; i < nr; i++) r[i] = simd_fwht_lanes(_mm256_loadu_ps(x + 8 * i));
-    for (int h = 1; h < nr; h *= 2) /* spans 8, 16, 32: register i with register i + h */
-        for (int i = 0; i < nr; i += 2 * h)
-            for (int j = i; j < i + h; j++) {
-                __m256 a = r[j], c = r[j + h];
-                r[j] = _mm256_add_ps(a, c);
-                r[j + h] = _mm256_sub_ps(a, c);
-            }
-    const __m256 s = _mm256_set1_ps(scale);
-    for (int i = 0; i < nr; i++) _mm256_storeu_ps(x + 8 * i, _mm256_mul_ps(r[i], s));
-}

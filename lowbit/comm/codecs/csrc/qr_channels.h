@@ -20,12 +20,6 @@
 static void fwht_blocks(float *v, int64_t m, int block, float scale) {
     for (int64_t b = 0; b + block <= m; b += block) {
         float *x = v + b;
-#ifdef QR_SIMD
-        if (block == 32 || block == 64) {
-            simd_fwht_block(x, block, scale);
-            continue;
-        }
-#endif
         if (block == 64) {
             QR_STAGE(x, 64, 1) QR_STAGE(x, 64, 2) QR_STAGE(x, 64, 4) QR_STAGE(x, 64, 8) QR_STAGE(x, 64, 16)
             QR_STAGE(x, 64, 32)
