@@ -107,7 +107,7 @@ def _cache_for(model, fmt: str):
 
     if fmt.endswith("-kv4"):  # the preset's cache (INT4, asymmetric, Hadamard-rotated heads)
         kv = get_scheme(fmt).kv_cache
-        return PackedKVCache(model.config, kv.bits, kv.symmetric, kv.hadamard)
+        return PackedKVCache(model.config, kv.bits, kv.symmetric, kv.hadamard, kv.group_size)
     return DynamicCache(config=model.config)
 
 

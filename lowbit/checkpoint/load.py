@@ -69,7 +69,7 @@ def load_quantized(path: str | os.PathLike, device: str = "cpu", trust_edits: bo
     model.to(device).eval()
     if ck.scheme.kv_cache.enabled:
         install_kv_quantization(model, ck.scheme.kv_cache.bits, ck.scheme.kv_cache.symmetric,
-                                ck.scheme.kv_cache.hadamard)
+                                ck.scheme.kv_cache.hadamard, ck.scheme.kv_cache.group_size)
     model.lowbit_scheme = ck.scheme
     tok = AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").is_file() else None
     return model, tok

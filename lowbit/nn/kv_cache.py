@@ -1,5 +1,7 @@
 """A KV cache stored packed: asymmetric low-bit codes with one FP16 scale and zero point per
-token per head (any head_dim), as Atom does, behind transformers' ``Cache`` interface.
+token per head (any head_dim), as Atom does, or per group of ``group`` values of a head (wide
+heads: Gemma 3's 256 values behind one scale lose far more than 64), behind transformers'
+``Cache`` interface.
 
 Every update quantizes the new keys/values, appends the packed codes, and returns the whole
 cache dequantized, including the tokens just written, so prefill and decode both attend to
@@ -37,10 +39,11 @@ def head_rotation(n: int) -> torch.Tensor:
 
 
 class PackedKV:
-    """``[B, H, T, D]`` states as packed codes ``[B, H, T, bytes]`` plus scale/zero ``[B, H, T]``."""
+    """``[B, H, T, D]`` states as packed codes ``[B, H, T·D/g, bytes]`` plus scale/zero ``[B, H, T·D/g]``
+    (g = ``group``, or D when 0: one scale per token per head)."""
 
-    def __init__(self, bits: int, symmetric: bool, hadamard: bool = False):
-        self.bits, self.symmetric, self.hadamard = bits, symmetric, hadamard
+    def __init__(self, bits: int, symmetric: bool, hadamard: bool = False, group: int = 0):
+        self.bits, self.symmetric, self.hadamard, self.group = bits, symmetric, hadamard, group
         self.rotation: torch.Tensor | None = None
         self.codes: torch.Tensor | None = None
         self.scale: torch.Tensor | None = None
@@ -49,18 +52,22 @@ class PackedKV:
 
     def append(self, x: torch.Tensor) -> None:
         b, h, t, d = x.shape
+        g = self.group or d
+        if d % g:
+            raise ValueError(f"KV cache groups of {g} values do not divide head_dim {d}")
         self.head_dim = d
         if self.hadamard:
             if self.rotation is None:
                 self.rotation = head_rotation(d).to(x.device)
             x = x.float() @ self.rotation
+        x = x.reshape(b, h, t * (d // g), g)  # a group is a row: PerToken quantizes each one
         qp = choose_qparams(x, self.bits, symmetric=self.symmetric, granularity=PerToken(), scale_dtype=torch.float16)
         q = quantize(x, qp)
         if self.symmetric:
             q = (q.to(torch.int16) + 2 ** (self.bits - 1)).to(torch.uint8)
         codes = pack(q, self.bits)
-        scale = qp.scale.reshape(b, h, t)
-        zero = qp.zero_point.to(torch.uint8).reshape(b, h, t) if qp.zero_point is not None else None
+        scale = qp.scale.reshape(b, h, -1)
+        zero = qp.zero_point.to(torch.uint8).reshape(b, h, -1) if qp.zero_point is not None else None
         if self.codes is None:
             self.codes, self.scale, self.zero = codes, scale, zero
         else:
@@ -70,14 +77,16 @@ class PackedKV:
                 self.zero = torch.cat([self.zero, zero], dim=2)
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        q = unpack(self.codes, self.bits, self.head_dim)
+        d = self.head_dim
+        q = unpack(self.codes, self.bits, self.group or d)
         if self.symmetric:
             q = (q.to(torch.int16) - 2 ** (self.bits - 1)).to(torch.int8)
         zp = self.zero.reshape(-1).to(torch.int32) if self.zero is not None else None
         qp = QParams(self.scale.reshape(-1), zp, self.bits, self.symmetric, True, PerToken())
+        b, h = q.shape[:2]
         if self.hadamard:
-            return (dequantize(q, qp, torch.float32) @ self.rotation.T).to(dtype)
-        return dequantize(q, qp, dtype)
+            return (dequantize(q, qp, torch.float32).reshape(b, h, -1, d) @ self.rotation.T).to(dtype)
+        return dequantize(q, qp, dtype).reshape(b, h, -1, d)
 
     def index_select(self, idx: torch.Tensor) -> None:
         self.codes = self.codes.index_select(0, idx)
@@ -91,9 +100,9 @@ class PackedKV:
 
 
 class PackedKVLayer(BaseQuantizedLayer):
-    def __init__(self, bits: int = 4, symmetric: bool = False, hadamard: bool = False):
+    def __init__(self, bits: int = 4, symmetric: bool = False, hadamard: bool = False, group: int = 0):
         super().__init__()
-        self.bits, self.symmetric, self.hadamard = bits, symmetric, hadamard
+        self.bits, self.symmetric, self.hadamard, self.group = bits, symmetric, hadamard, group
 
     def _quantize(self, tensor):  # required by the base class; appending is done by PackedKV
         raise NotImplementedError
@@ -103,8 +112,8 @@ class PackedKVLayer(BaseQuantizedLayer):
 
     def lazy_initialization(self, key_states, value_states) -> None:
         super().lazy_initialization(key_states, value_states)
-        self._quantized_keys = PackedKV(self.bits, self.symmetric, self.hadamard)
-        self._quantized_values = PackedKV(self.bits, self.symmetric, self.hadamard)
+        self._quantized_keys = PackedKV(self.bits, self.symmetric, self.hadamard, self.group)
+        self._quantized_values = PackedKV(self.bits, self.symmetric, self.hadamard, self.group)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -135,32 +144,36 @@ class PackedKVCache(Cache):
 
     KINDS = ("full_attention", "sliding_attention")
 
-    def __init__(self, config, bits: int = 4, symmetric: bool = False, hadamard: bool = False):
+    def __init__(self, config, bits: int = 4, symmetric: bool = False, hadamard: bool = False, group: int = 0):
         if hadamard:
             head_rotation(head_dim(config))  # an unknown order fails here, before any forward
+        if group and head_dim(config) % group:
+            raise ValueError(f"kv_cache.group_size {group} does not divide the model's head_dim {head_dim(config)} "
+                             f"(model_type={getattr(config, 'model_type', None)!r}); use a divisor or 0 (whole head)")
         config = config.get_text_config(decoder=True)
         types = set(getattr(config, "layer_types", None) or ["full_attention"])
         if types - set(self.KINDS):
             raise ValueError(f"PackedKVCache supports {' and '.join(self.KINDS)} layers, model_type="
                              f"{getattr(config, 'model_type', None)!r} has {sorted(types - set(self.KINDS))}")
-        super().__init__(layers=[PackedKVLayer(bits, symmetric, hadamard) for _ in range(config.num_hidden_layers)])
-        self.bits, self.symmetric, self.hadamard = bits, symmetric, hadamard
+        super().__init__(layers=[PackedKVLayer(bits, symmetric, hadamard, group) for _ in range(config.num_hidden_layers)])
+        self.bits, self.symmetric, self.hadamard, self.group = bits, symmetric, hadamard, group
 
     def nbytes(self) -> int:
         return sum(l.nbytes() for l in self.layers)
 
 
-def install_kv_quantization(model, bits: int = 4, symmetric: bool = False, hadamard: bool = False) -> None:
+def install_kv_quantization(model, bits: int = 4, symmetric: bool = False, hadamard: bool = False,
+                            group: int = 0) -> None:
     """Make every forward of ``model`` without a cache use a fresh :class:`PackedKVCache`
     (so perplexity sees the quantized KV), and ``generate`` use one too."""
-    PackedKVCache(model.config, bits, symmetric, hadamard)  # a config it cannot serve fails now
+    PackedKVCache(model.config, bits, symmetric, hadamard, group)  # a config it cannot serve fails now
     inner = model.model if hasattr(model, "model") else model
 
     def hook(module, args, kwargs):
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         if cache is None or (type(cache).__name__ == "DynamicCache" and cache.get_seq_length() == 0):
             kwargs.pop("past_key_values", None)
-            kwargs["cache"] = PackedKVCache(model.config, bits, symmetric, hadamard)
+            kwargs["cache"] = PackedKVCache(model.config, bits, symmetric, hadamard, group)
         return args, kwargs
 
     inner._lowbit_kv_hook = inner.register_forward_pre_hook(hook, with_kwargs=True)

@@ -115,6 +115,7 @@ def load_tp_quantized_shard(path: str | Path, rank: int, world: int, reduce: Cal
         _shard_layer(layer, f"model.layers.{i}.", reader, layout, plan, rank, reduce)
     materialize_rest(model, config, reader, torch.float32, path)
     if scheme.kv_cache.enabled:
-        install_kv_quantization(model, scheme.kv_cache.bits, scheme.kv_cache.symmetric, scheme.kv_cache.hadamard)
+        install_kv_quantization(model, scheme.kv_cache.bits, scheme.kv_cache.symmetric, scheme.kv_cache.hadamard,
+                                scheme.kv_cache.group_size)
     model.lowbit_tp_plan, model.lowbit_scheme = plan, scheme
     return model.eval()

@@ -93,7 +93,8 @@ def quantize_model(model: nn.Module, scheme: Scheme, calib_ids: torch.Tensor | N
     if steps.lm_head:
         quantize_head(model, scheme.lm_head)
     if steps.kv_cache:
-        install_kv_quantization(model, scheme.kv_cache.bits, scheme.kv_cache.symmetric, scheme.kv_cache.hadamard)
+        install_kv_quantization(model, scheme.kv_cache.bits, scheme.kv_cache.symmetric, scheme.kv_cache.hadamard,
+                                scheme.kv_cache.group_size)
     model.lowbit_scheme = scheme
     report.seconds = time.perf_counter() - t0
     return report
@@ -108,7 +109,7 @@ def _quantize_layers(model: nn.Module, adapter: Adapter, layers: nn.ModuleList, 
     make_cache = None
     if steps.kv_cache:
         make_cache = lambda: PackedKVCache(model.config, scheme.kv_cache.bits, scheme.kv_cache.symmetric,
-                                           scheme.kv_cache.hadamard)  # noqa: E731
+                                           scheme.kv_cache.hadamard, scheme.kv_cache.group_size)  # noqa: E731
     if steps.float_target and adapter.is_moe:
         raise ValueError("gptq.float_target needs the same tokens in the float and quantized model; "
                          "a mixture of experts routes them differently (use it on dense models)")

@@ -108,3 +108,51 @@ def test_hadamard_kv_keeps_generate_equal_to_a_full_forward():
         full = model(out.sequences).logits
     steps = torch.stack([lg[0] for lg in out.logits])
     torch.testing.assert_close(steps, full[0, 11:16], rtol=1e-4, atol=1e-4)
+
+
+def test_kv_groups_are_the_quantizer_on_each_group_and_the_whole_head_by_default():
+    """kv_cache.group_size: every g values of a head get their own scale and zero point; the
+    stored codes are those of the per-row quantizer on [.., T·D/g, g]; g = D is today's cache, bit for bit."""
+    from lowbit.formats import dequantize, quantize
+
+    torch.manual_seed(1)
+    x = torch.randn(2, 3, 7, 32) * torch.linspace(0.1, 8, 32)  # a wide channel range inside each head
+    for sym in (False, True):
+        kv = PackedKV(4, symmetric=sym, group=8)
+        kv.append(x[:, :, :3])
+        kv.append(x[:, :, 3:])
+        xg = x.reshape(2, 3, 7 * 4, 8)
+        qp = choose_qparams(xg, 4, symmetric=sym, granularity=PerToken(), scale_dtype=torch.float16)
+        assert torch.equal(kv.dequantize(torch.float32), dequantize(quantize(xg, qp), qp, torch.float32).reshape(x.shape))
+        assert kv.scale.shape == (2, 3, 28) and kv.codes.shape == (2, 3, 28, 4)
+        whole, same = PackedKV(4, symmetric=sym), PackedKV(4, symmetric=sym, group=32)
+        whole.append(x)
+        same.append(x)
+        assert torch.equal(whole.dequantize(torch.float32), same.dequantize(torch.float32))
+        assert torch.equal(whole.codes, same.codes)
+        # finer groups: no larger error (each group's range is inside its head's)
+        assert (kv.dequantize(torch.float32) - x).abs().mean() < (whole.dequantize(torch.float32) - x).abs().mean()
+    rot = PackedKV(4, symmetric=False, hadamard=True, group=8)  # Hadamard over the head, then groups
+    rot.append(x)
+    assert (rot.dequantize(torch.float32) - x).abs().max() < x.abs().max()
+
+
+def test_kv_groups_run_in_generate_and_refuse_a_group_that_does_not_divide_head_dim():
+    import pytest
+
+    from lowbit.formats.scheme import KVArgs, SchemeError
+
+    model = tiny_model("llama")
+    hd = model.config.hidden_size // model.config.num_attention_heads
+    ids = torch.randint(0, 128, (2, 9))
+    with torch.no_grad():
+        ref = model(ids).logits
+        install_kv_quantization(model, bits=4, hadamard=False, group=hd // 2)
+        q = model(ids).logits
+    assert not torch.equal(ref, q) and (q - ref).abs().max() < ref.abs().max()
+    assert model.generate(ids, max_new_tokens=3, do_sample=False).shape == (2, 12)
+    with pytest.raises(ValueError, match=f"does not divide the model's head_dim {hd}"):
+        PackedKVCache(model.config, bits=4, group=hd + 1)
+    for bad in (1, -2, True, 2.5):
+        with pytest.raises(SchemeError, match="group_size"):
+            KVArgs(bits=4, group_size=bad)
