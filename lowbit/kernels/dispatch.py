@@ -18,6 +18,7 @@ import torch
 from lowbit.kernels.cpu import a16_gemm, w4_gemv, w4a4, w4a16, w8_gemv, w8a8, w8a16
 from lowbit.kernels import reference
 from lowbit.kernels.channel_order import permute_channels
+from lowbit.kernels import triton as triton_backend
 from lowbit.kernels.triton import w4a4 as triton_w4a4
 from lowbit.kernels.linear_params import KernelError, LinearParams
 
@@ -38,7 +39,7 @@ def choose(kind: str, device: torch.device | str, kernel: str | None = None) -> 
     dev = torch.device(device)
     k = requested(kernel)
     if k == "auto":
-        if dev.type == "cuda" and kind in _TRITON and triton_w4a4.available():
+        if dev.type == "cuda" and kind in _TRITON and triton_backend.available():
             return "triton"
         if dev.type == "cpu" and kind in _CPU and _CPU[kind].available():
             return "cpu"
@@ -51,7 +52,7 @@ def choose(kind: str, device: torch.device | str, kernel: str | None = None) -> 
     if k == "triton":
         if kind not in _TRITON:
             raise KernelError(f"no Triton kernel for {kind} (Triton kernels: {', '.join(_TRITON)})")
-        if not triton_w4a4.available():
+        if not triton_backend.available():
             raise KernelError("kernel 'triton' forced but triton is not installed")
         if dev.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise KernelError(f"kernel 'triton' forced on {dev}: needs a CUDA device (or TRITON_INTERPRET=1 for tests)")

@@ -20,6 +20,7 @@ from torch import nn
 from lowbit.errors import LowbitError
 from lowbit.formats.hadamard import factor, fast_transform
 from lowbit.kernels.cpu.hadamard import block_hadamard, block_hadamard_reference
+from lowbit.kernels import triton as triton_backend
 from lowbit.kernels.triton import hadamard as triton_hadamard
 
 KIND = "hadamard"
@@ -77,7 +78,7 @@ class BlockHadamard(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.n:
             raise OnlineTransformError(f"block Hadamard of width {self.n} got an input of width {x.shape[-1]}")
-        if x.is_cuda and triton_hadamard.available() and self.block <= triton_hadamard.MAX_BLOCK:
+        if x.is_cuda and triton_backend.available() and self.block <= triton_hadamard.MAX_BLOCK:
             return triton_hadamard.block_hadamard_triton(x, self.normal, self.block)  # the same bits
         y = block_hadamard(x, self.normal, self.block)  # one C call on CPU, the same bits
         return block_hadamard_reference(x, self.normal, self.block) if y is None else y

@@ -5,7 +5,7 @@ import torch
 
 from lowbit.kernels import KernelError, choose, from_float, linear, prepare, reference
 from lowbit.kernels.cpu import w4a4
-from lowbit.kernels.triton import w4a4 as triton_w4a4
+from lowbit.kernels import triton as triton_backend
 
 
 def test_auto_on_cpu_picks_cpu_fast_paths():
@@ -14,7 +14,7 @@ def test_auto_on_cpu_picks_cpu_fast_paths():
 
 
 def test_auto_on_cuda_picks_triton_for_w4a4():
-    expect = "triton" if triton_w4a4.available() else "reference"
+    expect = "triton" if triton_backend.available() else "reference"
     assert choose("w4a4", "cuda") == expect
     assert choose("w4a16", "cuda") == "reference"
 

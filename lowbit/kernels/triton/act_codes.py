@@ -12,15 +12,7 @@ import torch
 from lowbit.kernels.token_codes import IntActivation
 from lowbit.kernels.linear_params import ActSpec, KernelError
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
-
-
-def available() -> bool:
-    return triton is not None
+from lowbit.kernels.triton import tl, triton
 
 
 if triton is not None:

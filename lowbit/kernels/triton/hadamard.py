@@ -10,15 +10,7 @@ from __future__ import annotations
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
-
-
-def available() -> bool:
-    return triton is not None
+from lowbit.kernels.triton import tl, triton
 
 
 if triton is not None:

@@ -17,15 +17,7 @@ import torch.nn.functional as F
 
 from lowbit.kernels.linear_params import ActSpec, KernelError, LinearParams
 
-try:  # triton is optional: only needed on a GPU, or for the interpreter tests
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - depends on the environment
-    triton = None
-
-
-def available() -> bool:
-    return triton is not None
+from lowbit.kernels.triton import tl, triton
 
 
 if triton is not None:
