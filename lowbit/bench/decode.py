@@ -106,8 +106,7 @@ def _cache_for(model, fmt: str):
     from lowbit.quantize import get_scheme
 
     if fmt.endswith("-kv4"):  # the preset's cache (INT4, asymmetric, Hadamard-rotated heads)
-        kv = get_scheme(fmt).kv_cache
-        return PackedKVCache(model.config, kv.bits, kv.symmetric, kv.hadamard, kv.group_size)
+        return PackedKVCache.for_scheme(model.config, get_scheme(fmt).kv_cache)
     return DynamicCache(config=model.config)
 
 

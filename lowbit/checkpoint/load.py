@@ -56,7 +56,7 @@ def load_quantized(path: str | os.PathLike, device: str = "cpu", trust_edits: bo
     from transformers import AutoTokenizer
 
     from lowbit.models.lazy import materialize_rest
-    from lowbit.nn.kv_cache import install_kv_quantization
+    from lowbit.nn.kv_cache import install_scheme_kv_cache
 
     path = Path(path)
     ck = open_folder(path, trust_edits=trust_edits)
@@ -68,8 +68,7 @@ def load_quantized(path: str | os.PathLike, device: str = "cpu", trust_edits: bo
         raise CheckpointError(f"{ck.tensors.file} does not fit its layout: {e}") from e
     model.to(device).eval()
     if ck.scheme.kv_cache.enabled:
-        install_kv_quantization(model, ck.scheme.kv_cache.bits, ck.scheme.kv_cache.symmetric,
-                                ck.scheme.kv_cache.hadamard, ck.scheme.kv_cache.group_size)
+        install_scheme_kv_cache(model, ck.scheme.kv_cache)
     model.lowbit_scheme = ck.scheme
     tok = AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").is_file() else None
     return model, tok

@@ -158,6 +158,11 @@ class PackedKVCache(Cache):
         super().__init__(layers=[PackedKVLayer(bits, symmetric, hadamard, group) for _ in range(config.num_hidden_layers)])
         self.bits, self.symmetric, self.hadamard, self.group = bits, symmetric, hadamard, group
 
+    @classmethod
+    def for_scheme(cls, config, kv) -> "PackedKVCache":
+        """The cache a scheme's ``kv_cache`` part (:class:`lowbit.formats.scheme.KVArgs`) describes."""
+        return cls(config, kv.bits, kv.symmetric, kv.hadamard, kv.group_size)
+
     def nbytes(self) -> int:
         return sum(l.nbytes() for l in self.layers)
 
@@ -177,3 +182,9 @@ def install_kv_quantization(model, bits: int = 4, symmetric: bool = False, hadam
         return args, kwargs
 
     inner._lowbit_kv_hook = inner.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def install_scheme_kv_cache(model, kv) -> None:
+    """:func:`install_kv_quantization` with a scheme's ``kv_cache`` part (``KVArgs``): the one place
+    its fields map to the cache's arguments."""
+    install_kv_quantization(model, kv.bits, kv.symmetric, kv.hadamard, kv.group_size)

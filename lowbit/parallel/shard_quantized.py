@@ -103,7 +103,7 @@ def require_world(path, made_for: int, world: int) -> None:
 
 def load_tp_quantized_shard(path: str | Path, rank: int, world: int, reduce: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
     """This rank's shard of the lowbit checkpoint ``path`` (see :func:`lowbit.parallel.shard.load_tp_shard`)."""
-    from lowbit.nn.kv_cache import install_kv_quantization
+    from lowbit.nn.kv_cache import install_scheme_kv_cache
 
     # every rank reads only its slices: the config's hash and the size are checked, not the tensors' full hash
     ck = open_folder(path, sha256=False)
@@ -115,7 +115,6 @@ def load_tp_quantized_shard(path: str | Path, rank: int, world: int, reduce: Cal
         _shard_layer(layer, f"model.layers.{i}.", reader, layout, plan, rank, reduce)
     materialize_rest(model, config, reader, torch.float32, path)
     if scheme.kv_cache.enabled:
-        install_kv_quantization(model, scheme.kv_cache.bits, scheme.kv_cache.symmetric, scheme.kv_cache.hadamard,
-                                scheme.kv_cache.group_size)
+        install_scheme_kv_cache(model, scheme.kv_cache)
     model.lowbit_tp_plan, model.lowbit_scheme = plan, scheme
     return model.eval()

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from lowbit.formats.scheme import Scheme
 from lowbit.models.adapters import Adapter, InputGroup, get_adapter
 from lowbit.models.module_paths import get_path
-from lowbit.nn.kv_cache import PackedKVCache, install_kv_quantization
+from lowbit.nn.kv_cache import PackedKVCache, install_scheme_kv_cache
 
 from .calibrate import InputStats, capture_layer_inputs, capture_linear_inputs, collect_stats, run_layer
 from .float_target import aim_at_float_outputs
@@ -93,8 +93,7 @@ def quantize_model(model: nn.Module, scheme: Scheme, calib_ids: torch.Tensor | N
     if steps.lm_head:
         quantize_head(model, scheme.lm_head)
     if steps.kv_cache:
-        install_kv_quantization(model, scheme.kv_cache.bits, scheme.kv_cache.symmetric, scheme.kv_cache.hadamard,
-                                scheme.kv_cache.group_size)
+        install_scheme_kv_cache(model, scheme.kv_cache)
     model.lowbit_scheme = scheme
     report.seconds = time.perf_counter() - t0
     return report
@@ -108,8 +107,7 @@ def _quantize_layers(model: nn.Module, adapter: Adapter, layers: nn.ModuleList, 
     inputs, kwargs = capture_layer_inputs(model, layers, calib_ids, device, batch_size)
     make_cache = None
     if steps.kv_cache:
-        make_cache = lambda: PackedKVCache(model.config, scheme.kv_cache.bits, scheme.kv_cache.symmetric,
-                                           scheme.kv_cache.hadamard, scheme.kv_cache.group_size)  # noqa: E731
+        make_cache = lambda: PackedKVCache.for_scheme(model.config, scheme.kv_cache)  # noqa: E731
     if steps.float_target and adapter.is_moe:
         raise ValueError("gptq.float_target needs the same tokens in the float and quantized model; "
                          "a mixture of experts routes them differently (use it on dense models)")
