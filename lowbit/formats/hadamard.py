@@ -131,6 +131,17 @@ def dense_transform(x: torch.Tensor) -> torch.Tensor:
     return x @ orthonormal(n, x.dtype).to(x.device)
 
 
+def _small_factor(y: torch.Tensor, m: int) -> torch.Tensor:
+    """``y @ H_m`` on the last dimension as an ordered sum (row 0's term, then + row d's term for
+    d = 1 .. m-1; the ±1 products are exact), not a matrix product whose summation order is the
+    BLAS's: the C and Triton transforms add in this order and so give these bits."""
+    h = _small(m).to(dtype=y.dtype, device=y.device)
+    acc = y[..., 0:1] * h[0]
+    for d in range(1, m):
+        acc = acc + y[..., d:d + 1] * h[d]
+    return acc
+
+
 def fast_transform(x: torch.Tensor) -> torch.Tensor:
     """``x @ H / √n`` in O(n (log p + m)): a butterfly over the power-of-two factor, then the
     small dense factor. Equal to :func:`dense_transform` up to rounding; per output element
@@ -141,7 +152,7 @@ def fast_transform(x: torch.Tensor) -> torch.Tensor:
     shape = x.shape
     y = x.reshape(-1, p, m)
     if m > 1:
-        y = y @ _small(m).to(dtype=x.dtype, device=x.device)
+        y = _small_factor(y, m)
     h = 1
     while h < p:
         y = y.reshape(-1, p // (2 * h), 2, h, m)

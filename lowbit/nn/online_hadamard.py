@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from lowbit.errors import LowbitError
-from lowbit.formats.hadamard import factor, fast_transform
-from lowbit.kernels.cpu.hadamard import block_hadamard, block_hadamard_reference
+from lowbit.formats.hadamard import factor
+from lowbit.kernels.cpu.hadamard import block_hadamard, block_hadamard_reference, input_hadamard, input_hadamard_reference
 from lowbit.kernels import triton as triton_backend
 from lowbit.kernels.triton import hadamard as triton_hadamard
 
@@ -32,7 +32,8 @@ class OnlineTransformError(LowbitError, ValueError):
 
 
 class InputHadamard(nn.Module):
-    """``x → x H / √n`` on the last dimension by the fast transform (in float32 for narrower inputs)."""
+    """``x → x H / √n`` on the last dimension by the fast transform (in float32 for narrower
+    inputs): Triton on CUDA, one C call on CPU, the torch formulation elsewhere; the same bits."""
 
     before_perm = True  # runs on the input as it arrives, before the outlier permutation
 
@@ -44,9 +45,10 @@ class InputHadamard(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.n:
             raise OnlineTransformError(f"online Hadamard of order {self.n} got an input of width {x.shape[-1]}")
-        if x.dtype in (torch.float32, torch.float64):
-            return fast_transform(x)
-        return fast_transform(x.float()).to(x.dtype)
+        if x.is_cuda and triton_backend.available() and triton_hadamard.input_fits(self.n):
+            return triton_hadamard.input_hadamard_triton(x)  # the same bits
+        y = input_hadamard(x)  # one C call on CPU, the same bits
+        return input_hadamard_reference(x) if y is None else y
 
     def to_dict(self) -> dict:
         return {"kind": KIND, "n": self.n}

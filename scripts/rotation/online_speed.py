@@ -1,8 +1,10 @@
-"""Decode speed of a block-rotated preset with the online block Hadamard in C (what runs) against
-the torch path it replaced, side by side on one quantized model (interleaved, medians); the greedy
-tokens must be equal (the two paths give the same bits).
+"""Decode speed of a rotated preset with its online Hadamards in C (what runs: the block
+Hadamard of the ``-rot`` presets, R4's whole-input one at down_proj) against their torch paths,
+side by side on one quantized model (interleaved, medians); the greedy tokens must be equal (the
+two paths give the same bits).
 
     PYTHONPATH=. python scripts/rotation/online_speed.py [--scheme w4a4-rot] [--threads 1]
+    PYTHONPATH=. python scripts/rotation/online_speed.py --scheme w4a4 --set rotation.kind=hadamard rotation.r4=true
 """
 
 import argparse
@@ -27,17 +29,21 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=4)
+    ap.add_argument("--set", nargs="*", default=[], help="scheme overrides, as lowbit quantize --set")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     model, tok = load_model("default", dtype=torch.float32)
-    scheme = apply_overrides(get_scheme(a.scheme), ["gptq.enabled=false", "weights.clip_search=false"])  # speed only
+    scheme = apply_overrides(get_scheme(a.scheme), ["gptq.enabled=false", "weights.clip_search=false", *a.set])  # speed only
     quantize_model(model, scheme, calibration_ids(tok, 2, 64), progress=False)
     print(dict(accelerate(model.eval(), "auto")), dict(use_native_ops(model)))
     ids = tok("The capital of France is", return_tensors="pt").input_ids
-    c_path = online.block_hadamard
+    c_paths = online.block_hadamard, online.input_hadamard
+
+    def use(c: bool) -> None:  # None from a C wrapper: the module's torch path
+        online.block_hadamard, online.input_hadamard = c_paths if c else (lambda *args, **kw: None,) * 2
 
     def generate(use_c: bool, b: int):
-        online.block_hadamard = c_path if use_c else (lambda *args, **kw: None)  # None: BlockHadamard's torch path
+        use(use_c)
         with torch.inference_mode():
             t0 = time.perf_counter()
             out = model.generate(ids.repeat(b, 1), attention_mask=torch.ones(b, ids.shape[1], dtype=torch.long),
@@ -51,9 +57,9 @@ def main() -> None:
                 dt, outs[use_c] = generate(use_c, b)
                 times[use_c].append(dt)
         c, t = statistics.median(times[True]), statistics.median(times[False])
-        print(f"{a.scheme} batch {b}: C {a.new * b / c:.1f} tok/s, torch {a.new * b / t:.1f} tok/s, "
+        print(f"{a.scheme} {' '.join(a.set)} batch {b}: C {a.new * b / c:.1f} tok/s, torch {a.new * b / t:.1f} tok/s, "
               f"{t / c:.2f}x, same tokens: {torch.equal(outs[True], outs[False])}")
-    online.block_hadamard = c_path
+    use(True)
 
 
 if __name__ == "__main__":

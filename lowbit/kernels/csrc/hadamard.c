@@ -1,4 +1,6 @@
-/* The online block Hadamard of a rotated quantized linear (lowbit.nn.online_hadamard.BlockHadamard):
+/* The online Hadamards of rotated quantized linears (lowbit.nn.online_hadamard).
+ *
+ * block_hadamard (BlockHadamard):
  * per row, the first `normal` channels in blocks of `block` (a power of two <= 128) times
  * H_block / sqrt(block), the trailing outlier channels copied. In PyTorch that is a chain of
  * stack/reshape calls per butterfly stage (about 0.35 ms per call at one token on 576 channels,
@@ -8,36 +10,89 @@
  * a + b into the lower and a - b into the upper position, then one float32 multiply by `scale`;
  * bfloat16 rows are widened exactly, transformed in float32 and rounded once (torch's .float(),
  * the transform, then .to(bfloat16)). So the bits are the torch path's (tested), in every build:
- * the AVX2 spans 1-4 use lane permutes with the same operand order. */
+ * the vector spans use lane permutes with the same operand order. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include "bf16.h"
 
 #define MAX_BLOCK 128
 
-static void butterfly(float *x, int block, float scale) {
-    int h = 1;
-#if defined(__AVX2__)
-    if (block >= 8) {
-        for (int i = 0; i < block; i += 8) {
-            __m256 r = _mm256_loadu_ps(x + i), t = _mm256_permute_ps(r, 0xB1); /* span 1: lanes 1 0 3 2 */
-            r = _mm256_blend_ps(_mm256_add_ps(r, t), _mm256_sub_ps(t, r), 0xAA);
-            t = _mm256_permute_ps(r, 0x4E); /* span 2: lanes 2 3 0 1 */
-            r = _mm256_blend_ps(_mm256_add_ps(r, t), _mm256_sub_ps(t, r), 0xCC);
-            t = _mm256_permute2f128_ps(r, r, 0x01); /* span 4: halves swapped */
-            _mm256_storeu_ps(x + i, _mm256_blend_ps(_mm256_add_ps(r, t), _mm256_sub_ps(t, r), 0xF0));
-        }
-        h = 8;
+/* Spans 1, 2, 4 (and 8) of the butterfly inside one vector: t holds each lane's partner, the lower
+ * lane of a pair takes r + t (a + c), the upper t - r (a - c), as the scalar stages below. */
+#if defined(__AVX512F__)
+static inline __m512 stages16(__m512 r) {
+    __m512 t = _mm512_permute_ps(r, 0xB1); /* span 1 */
+    r = _mm512_mask_blend_ps(0xAAAA, _mm512_add_ps(r, t), _mm512_sub_ps(t, r));
+    t = _mm512_permute_ps(r, 0x4E); /* span 2 */
+    r = _mm512_mask_blend_ps(0xCCCC, _mm512_add_ps(r, t), _mm512_sub_ps(t, r));
+    t = _mm512_shuffle_f32x4(r, r, 0xB1); /* span 4: 128-bit lanes 1 0 3 2 */
+    r = _mm512_mask_blend_ps(0xF0F0, _mm512_add_ps(r, t), _mm512_sub_ps(t, r));
+    t = _mm512_shuffle_f32x4(r, r, 0x4E); /* span 8: 256-bit halves swapped */
+    return _mm512_mask_blend_ps(0xFF00, _mm512_add_ps(r, t), _mm512_sub_ps(t, r));
+}
+#endif
+#if defined(__AVX2__) && !defined(__AVX512F__)
+static inline __m256 stages8(__m256 r) {
+    __m256 t = _mm256_permute_ps(r, 0xB1); /* span 1: lanes 1 0 3 2 */
+    r = _mm256_blend_ps(_mm256_add_ps(r, t), _mm256_sub_ps(t, r), 0xAA);
+    t = _mm256_permute_ps(r, 0x4E); /* span 2: lanes 2 3 0 1 */
+    r = _mm256_blend_ps(_mm256_add_ps(r, t), _mm256_sub_ps(t, r), 0xCC);
+    t = _mm256_permute2f128_ps(r, r, 0x01); /* span 4: halves swapped */
+    return _mm256_blend_ps(_mm256_add_ps(r, t), _mm256_sub_ps(t, r), 0xF0);
+}
+#endif
+
+#if defined(__AVX512F__)
+#define VW 16
+#define VF __m512
+#define VLOAD _mm512_loadu_ps
+#define VSTORE _mm512_storeu_ps
+#define VADD _mm512_add_ps
+#define VSUB _mm512_sub_ps
+#define VMUL _mm512_mul_ps
+#define VSET1 _mm512_set1_ps
+#define VSTAGES stages16
+#elif defined(__AVX2__)
+#define VW 8
+#define VF __m256
+#define VLOAD _mm256_loadu_ps
+#define VSTORE _mm256_storeu_ps
+#define VADD _mm256_add_ps
+#define VSUB _mm256_sub_ps
+#define VMUL _mm256_mul_ps
+#define VSET1 _mm256_set1_ps
+#define VSTAGES stages8
+#endif
+
+/* x[0 .. block) times H_block, then times scale (block a power of two). Spans below the vector
+ * width in registers, the wider ones between whole vectors (loads and stores of one width, so
+ * the next stage's loads are forwarded from the last stage's stores). */
+static void butterfly(float *x, int64_t block, float scale) {
+    int64_t h = 1;
+#if defined(VW)
+    if (block >= VW) {
+        for (int64_t i = 0; i < block; i += VW) VSTORE(x + i, VSTAGES(VLOAD(x + i)));
+        for (h = VW; h < block; h *= 2)
+            for (int64_t i = 0; i < block; i += 2 * h)
+                for (int64_t j = i; j < i + h; j += VW) {
+                    VF a = VLOAD(x + j), c = VLOAD(x + j + h);
+                    VSTORE(x + j, VADD(a, c));
+                    VSTORE(x + j + h, VSUB(a, c));
+                }
+        VF sv = VSET1(scale);
+        for (int64_t i = 0; i < block; i += VW) VSTORE(x + i, VMUL(VLOAD(x + i), sv));
+        return;
     }
 #endif
-    for (; h < block; h *= 2) /* spans of 8 and more vectorize as they are */
-        for (int i = 0; i < block; i += 2 * h)
-            for (int j = i; j < i + h; j++) {
+    for (; h < block; h *= 2)
+        for (int64_t i = 0; i < block; i += 2 * h)
+            for (int64_t j = i; j < i + h; j++) {
                 float a = x[j], c = x[j + h];
                 x[j] = a + c;
                 x[j + h] = a - c;
             }
-    for (int i = 0; i < block; i++) x[i] *= scale;
+    for (int64_t i = 0; i < block; i++) x[i] *= scale;
 }
 
 /* x, y: rows x n values, float32 (bf16 = 0) or bfloat16 (bf16 = 1), row strides x_stride and
@@ -62,5 +117,68 @@ int block_hadamard(const void *x, int bf16, int64_t rows, int64_t n, int64_t x_s
         size_t es = bf16 ? 2 : 4, tail = (size_t)(n - normal);
         memcpy((uint8_t *)y + (size_t)(yo + normal) * es, (const uint8_t *)x + (size_t)(xo + normal) * es, tail * es);
     }
+    return 0;
+}
+
+static void widen_row(const void *x, int bf16, int64_t xo, int64_t n, float *out) {
+    if (!bf16) {
+        memcpy(out, (const float *)x + xo, (size_t)n * sizeof(float));
+        return;
+    }
+    const uint16_t *h = (const uint16_t *)x + xo;
+    for (int64_t i = 0; i < n; i++) out[i] = bf16_to_f32(h[i]);
+}
+
+/* input_hadamard (InputHadamard, QuaRot's R4 at down_proj): each whole row of n = p * m values
+ * times H_p (x) H_m / sqrt(n), H_p Sylvester (p a power of two), H_m a small +-1 matrix given as
+ * `signs` (m * m floats, row-major). fast_transform's operations per value: for each group a of m
+ * consecutive values, the product with H_m as an ordered sum (row 0's term, then + row d's term;
+ * the +-1 products are exact, so a contracted multiply-add rounds the same), then butterfly stages
+ * over a (spans m, 2m, ... in the row), then one multiply by `scale`. The row is held transposed
+ * ([m][p]) so that both steps run along contiguous p-long vectors, and each of the m vectors goes
+ * through the block butterfly above. Returns 0, -1 (bad sizes, nothing written) or -2 (no memory). */
+int input_hadamard(const void *x, int bf16, int64_t rows, int64_t n, int64_t x_stride, int64_t p, int64_t m,
+                   const float *signs, float scale, void *y) {
+    if (p < 1 || (p & (p - 1)) || m < 1 || p * m != n || rows < 0 || x_stride < n) return -1;
+    float *xt = malloc((size_t)n * sizeof(float)), *yt = malloc((size_t)n * sizeof(float));
+    if (!xt || !yt) {
+        free(xt);
+        free(yt);
+        return -2;
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t xo = r * x_stride, yo = r * n;
+        float *out = m == 1 ? xt : yt;
+        if (m == 1)
+            widen_row(x, bf16, xo, n, xt);
+        else
+            for (int64_t a = 0; a < p; a++) /* xt[d][a] = x[a][d] */
+                for (int64_t d = 0; d < m; d++) xt[d * p + a] = act_at(x, bf16, xo + a * m + d);
+        for (int64_t j = 0; m > 1 && j < m; j++) {
+            float *yj = yt + j * p;
+            const float s0 = signs[j];
+            for (int64_t a = 0; a < p; a++) yj[a] = s0 * xt[a];
+            for (int64_t d = 1; d < m; d++) {
+                const float s = signs[d * m + j], *xd = xt + d * p;
+                for (int64_t a = 0; a < p; a++) yj[a] = yj[a] + s * xd[a];
+            }
+        }
+        for (int64_t j = 0; j < m; j++) butterfly(out + j * p, p, scale);
+        if (m == 1 && bf16)
+            for (int64_t i = 0; i < n; i++) ((uint16_t *)y)[yo + i] = f32_to_bf16(out[i]);
+        else if (m == 1)
+            memcpy((float *)y + yo, out, (size_t)n * sizeof(float));
+        else
+            for (int64_t a = 0; a < p; a++)
+                for (int64_t j = 0; j < m; j++) {
+                    float v = out[j * p + a];
+                    if (bf16)
+                        ((uint16_t *)y)[yo + a * m + j] = f32_to_bf16(v);
+                    else
+                        ((float *)y)[yo + a * m + j] = v;
+                }
+    }
+    free(xt);
+    free(yt);
     return 0;
 }

@@ -7,8 +7,8 @@ import torch
 
 from lowbit.kernels import ActSpec, from_float, quantize_tokens, reference
 from lowbit.kernels.triton.act_codes import quantize_tokens_triton
-from lowbit.kernels.cpu.hadamard import block_hadamard_reference
-from lowbit.kernels.triton.hadamard import block_hadamard_triton
+from lowbit.kernels.cpu.hadamard import block_hadamard_reference, input_hadamard_reference
+from lowbit.kernels.triton.hadamard import block_hadamard_triton, input_hadamard_triton
 from lowbit.kernels.triton.w4a4 import prepare, run
 
 
@@ -39,6 +39,14 @@ def main() -> None:
                                              "had_notail": (1, 64, 64, 32, torch.float32)}.items():
         x = (torch.randn(t, n) * torch.rand(n) * 30).to(dt)
         got, want = block_hadamard_triton(x, normal, block), block_hadamard_reference(x, normal, block)
+        bits = torch.int16 if dt != torch.float32 else torch.int32
+        res[name] = got.dtype == dt and torch.equal(got.view(bits), want.view(bits))
+    for name, (t, n, dt) in {"in_1536": (3, 1536, torch.float32), "in_576_bf16": (2, 576, torch.bfloat16),
+                             "in_12_fp16": (5, 12, torch.float16), "in_64": (1, 64, torch.float32),
+                             "in_20": (2, 20, torch.float32)}.items():
+        x = (torch.randn(t, n) * torch.rand(n) * 30).to(dt)
+        x[0, 1] = -0.0
+        got, want = input_hadamard_triton(x), input_hadamard_reference(x)
         bits = torch.int16 if dt != torch.float32 else torch.int32
         res[name] = got.dtype == dt and torch.equal(got.view(bits), want.view(bits))
     print(json.dumps(res))

@@ -49,3 +49,18 @@ def test_block_hadamard_kernel_compiles(arch):
     for block, ptr, bf16 in ((128, "*fp32", False), (64, "*i16", True), (2, "*fp16", False)):
         sig = dict(HAD_SIG, x_ptr=ptr, y_ptr=ptr)
         _compile(triton_hadamard._block_hadamard_kernel, sig, {"B": block, "LOG2B": block.bit_length() - 1, "TAIL": 64, "BF16": bf16}, arch)
+
+
+IN_SIG = {"x_ptr": "*fp32", "y_ptr": "*fp32", "h_ptr": "*fp32", "s_x": "i32", "n": "i32", "scale": "fp32",
+          "P": "constexpr", "M": "constexpr", "MP": "constexpr", "LOG2P": "constexpr", "BF16": "constexpr"}
+
+
+@pytest.mark.parametrize("arch", [90, 80])
+def test_input_hadamard_kernel_compiles(arch):
+    from lowbit.kernels.triton import hadamard as triton_hadamard
+
+    for p, m, mp, ptr, bf16 in ((128, 12, 16, "*fp32", False), (16, 36, 64, "*i16", True), (64, 1, 1, "*fp16", False),
+                                (512, 28, 32, "*fp32", False)):
+        sig = dict(IN_SIG, x_ptr=ptr, y_ptr=ptr)
+        _compile(triton_hadamard._input_hadamard_kernel, sig,
+                 {"P": p, "M": m, "MP": mp, "LOG2P": p.bit_length() - 1, "BF16": bf16}, arch)

@@ -71,3 +71,17 @@ def test_block_hadamard_on_gpu_same_bits_as_cpu(dtype):
         got = BlockHadamard(n, normal, block)(x.cuda()).cpu()
         bits = torch.int32 if dtype == torch.float32 else torch.int16
         assert torch.equal(got.view(bits), block_hadamard_reference(x, normal, block).view(bits))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_input_hadamard_on_gpu_same_bits_as_cpu(dtype):
+    """R4's online transform (orders p·m) compiled for the GPU: the CPU torch path's bits."""
+    from lowbit.kernels.cpu.hadamard import input_hadamard_reference
+    from lowbit.nn.online_hadamard import InputHadamard
+
+    torch.manual_seed(4)
+    for t, n in ((1, 1536), (37, 576), (512, 14336), (3, 4096)):
+        x = (torch.randn(t, n) * torch.exp(torch.randn(n))).to(dtype)
+        got = InputHadamard(n)(x.cuda()).cpu()
+        bits = torch.int32 if dtype == torch.float32 else torch.int16
+        assert torch.equal(got.view(bits), input_hadamard_reference(x).view(bits))

@@ -33,3 +33,9 @@ def test_int8_per_token_row_equals_reference(results):
 def test_block_hadamard_same_bits_as_torch(results, case):
     """The rotated presets' online transform on CUDA tensors: the torch path's bits."""
     assert results[f"had_{case}"] is True
+
+
+@pytest.mark.parametrize("case", ["1536", "576_bf16", "12_fp16", "64", "20"])
+def test_input_hadamard_same_bits_as_torch(results, case):
+    """R4's whole-input transform (orders p·m) on CUDA tensors: the torch path's bits."""
+    assert results[f"in_{case}"] is True
