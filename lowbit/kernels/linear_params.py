@@ -25,6 +25,13 @@ class KernelError(LowbitError, RuntimeError):
     """A kernel cannot run these parameters or this device (the message says why)."""
 
 
+class NonFiniteActivations(ValueError):
+    """Activations holding NaN or Inf, which no integer code represents (an A8/A4 kernel's input)."""
+
+    def __init__(self, msg: str = "activations contain NaN or Inf: they have no integer code"):
+        super().__init__(msg)
+
+
 @dataclass(frozen=True)
 class ActSpec:
     """Dynamic per-token symmetric INT activations: ``bits`` in groups of ``group`` (0 = whole

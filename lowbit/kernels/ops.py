@@ -11,6 +11,12 @@ dtype, as :meth:`PreparedLinear.batched` returns it.
 
 A handle lives as long as the object it was registered for (``owner``: a module or layer); when
 the owner is garbage-collected the prepared weights are released.
+
+Non-finite activations: an A8/A4 kernel raises :class:`NonFiniteActivations` (no integer code
+holds NaN or Inf), as lowbit's own loop wants. A handle registered with ``nan_rows=True`` instead
+gives such a token NaN outputs, as a float linear does, and the other tokens their usual values:
+a serving engine must not die on its own warm-up, which feeds uninitialized buffers (vLLM's
+compiled CPU warm-up runs attention without metadata, leaving its output ``torch.empty``).
 """
 
 from __future__ import annotations
@@ -21,25 +27,30 @@ import weakref
 import torch
 
 from lowbit.kernels.dispatch import PreparedLinear
-from lowbit.kernels.linear_params import KernelError
+from lowbit.kernels.linear_params import KernelError, NonFiniteActivations
 
 _PREPARED: dict[str, PreparedLinear] = {}
+_NAN_ROWS: set[str] = set()
 _NEXT = itertools.count(1)
 
 
-def register(prepared: PreparedLinear, owner: object | None = None) -> str:
-    """A handle for ``prepared`` (released with ``owner`` when given, else by :func:`release`)."""
+def register(prepared: PreparedLinear, owner: object | None = None, nan_rows: bool = False) -> str:
+    """A handle for ``prepared`` (released with ``owner`` when given, else by :func:`release`);
+    ``nan_rows``: non-finite tokens give NaN outputs instead of an error (module docstring)."""
     if not isinstance(prepared, PreparedLinear):
         raise TypeError(f"register needs a PreparedLinear, got {type(prepared).__name__}")
     handle = f"linear{next(_NEXT)}"
     _PREPARED[handle] = prepared
+    if nan_rows:
+        _NAN_ROWS.add(handle)
     if owner is not None:
-        weakref.finalize(owner, _PREPARED.pop, handle, None)
+        weakref.finalize(owner, release, handle)
     return handle
 
 
 def release(handle: str) -> None:
     _PREPARED.pop(handle, None)
+    _NAN_ROWS.discard(handle)
 
 
 def prepared(handle: str) -> PreparedLinear:
@@ -52,9 +63,23 @@ def prepared(handle: str) -> PreparedLinear:
 def linear(x: torch.Tensor, handle: str) -> torch.Tensor:
     """``x [..., in]`` → ``[..., out]`` of x's dtype through the prepared linear ``handle``: the
     op's body, which eager callers may call directly (no dispatcher crossing; see :func:`call`)."""
-    y = prepared(handle).batched(x)
+    p = prepared(handle)
+    try:
+        y = p.batched(x)
+    except NonFiniteActivations:
+        if handle not in _NAN_ROWS:
+            raise
+        y = _with_nan_rows(p, x)
     # a fresh contiguous tensor, as the fake promises (the native kernels may slice padded rows off)
     return y if y.is_contiguous() else y.contiguous()
+
+
+def _with_nan_rows(p: PreparedLinear, x: torch.Tensor) -> torch.Tensor:
+    """The finite tokens through the kernel (the others zeroed first), the others NaN."""
+    bad = ~torch.isfinite(x).all(-1)
+    y = p.batched(x.masked_fill(bad[..., None], 0)).clone()
+    y[bad] = float("nan")
+    return y
 
 
 # Defined through torch.library.Library rather than the custom_op decorator: the same schema and

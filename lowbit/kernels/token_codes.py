@@ -15,7 +15,7 @@ import torch
 
 from lowbit.formats.absmax import nonzero_scale, symmetric_scale
 from lowbit.formats.grid import from_groups, n_groups, to_groups
-from lowbit.kernels.linear_params import ActSpec
+from lowbit.kernels.linear_params import ActSpec, NonFiniteActivations
 
 
 @dataclass
@@ -43,7 +43,7 @@ def quantize_tokens(x: torch.Tensor, act: ActSpec, n_outliers: int = 0) -> IntAc
         raise TypeError(f"activations must be floating point, got {x.dtype}")
     x = x.float()
     if not bool(torch.isfinite(x).all()):
-        raise ValueError("activations contain NaN or Inf: they have no integer code")
+        raise NonFiniteActivations()
     t, n_in = x.shape
     n = n_in - n_outliers
     if n < 0:

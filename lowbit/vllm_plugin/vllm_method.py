@@ -143,7 +143,7 @@ class LowbitLinearMethod(LinearMethodBase):
         # the input reorder goes with the prepared weights: W4A4's kernel reads x through it (no gather pass)
         perm = None if ql.input_perm is None else ql.input_perm.clone()
         prepared = prepare(from_quant_linear(ql), "cpu", input_perm=perm)
-        layer.lowbit_handle = ops.register(prepared, owner=layer)
+        layer.lowbit_handle = ops.register(prepared, owner=layer, nan_rows=True)  # vLLM's warm-up feeds garbage
         for name, _ in list(ql.named_buffers()):
             del layer._parameters[name]
         if (prepared.kind, prepared.kernel) not in _ANNOUNCED:

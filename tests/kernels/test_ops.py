@@ -87,3 +87,31 @@ def test_call_is_the_op_in_eager_and_in_a_compiled_graph():
     assert torch.equal(ops.call(x, h), want) and torch.equal(want, pl.batched(x))
     compiled = torch.compile(lambda x: ops.call(x, h) * 1, fullgraph=True, backend="inductor")
     assert torch.equal(compiled(x), want)
+
+
+@pytest.mark.parametrize("kind,dtype,k", [c for c in CASES if c[0] in ("w8a8", "w4a4")])
+def test_non_finite_tokens_raise_or_give_nan_rows(kind, dtype, k):
+    """An A8/A4 kernel has no code for NaN/Inf: an error for lowbit's own handles; NaN outputs for
+    those tokens only with nan_rows (the plugin's, for vLLM's warm-up), the other tokens exactly
+    what the kernel gives them with the bad tokens zeroed."""
+    from lowbit.kernels.linear_params import NonFiniteActivations
+
+    torch.manual_seed(1)
+    pl = prepare(from_float(torch.randn(70, 320), kind, n_outliers=k, bias=torch.randn(70)))
+    owner = Holder()
+    strict, lenient = ops.register(pl, owner), ops.register(pl, owner, nan_rows=True)
+    x = torch.randn(2, 3, 320).to(dtype)
+    x[0, 1, 7], x[1, 2, 300] = float("nan"), float("inf")
+    with pytest.raises(NonFiniteActivations, match="NaN or Inf"):
+        ops.linear(x, strict)
+    y = ops.linear(x, lenient)
+    bad = torch.tensor([[False, True, False], [False, False, True]])
+    assert y.shape == (2, 3, 70) and y.dtype == pl.batched(x[:1, :1].nan_to_num()).dtype
+    assert y[bad].isnan().all()
+    want = pl.batched(x.masked_fill(bad[..., None], 0))
+    assert torch.equal(y[~bad], want[~bad])
+    assert torch.equal(torch.ops.lowbit.linear(x, lenient)[~bad], want[~bad])  # the op's body: the same
+    del owner
+    gc.collect()
+    with pytest.raises(KernelError):
+        ops.linear(x, lenient)

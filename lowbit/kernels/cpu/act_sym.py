@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from lowbit.kernels.linear_params import NonFiniteActivations
+
 
 @dataclass
 class NativeCodes:
@@ -50,5 +52,5 @@ def symmetric_codes(fn, x: torch.Tensor, n_outliers: int, group: int, ng: int, k
     osx = torch.empty(t)
     if t and fn(x.data_ptr(), int(x.dtype == torch.bfloat16), t, n_in, n, group, ng, kp, bits, clip, xq.data_ptr(),
                 sx.data_ptr(), xsum.data_ptr(), oq.data_ptr(), osx.data_ptr(), torch.get_num_threads()):
-        raise ValueError("activations contain NaN or Inf: they have no integer code")
+        raise NonFiniteActivations()
     return NativeCodes(xq, sx, xsum, oq, osx)

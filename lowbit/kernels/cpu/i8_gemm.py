@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from lowbit.kernels.cpu import act_sym
 from lowbit.kernels.cpu.kernel_library import KernelLibrary
+from lowbit.kernels.linear_params import NonFiniteActivations
 
 PANEL = 16  # rows per panel
 PORTABLE_FLAGS = ("-O3", "-DPANEL_NO_SIMD")
@@ -165,7 +166,7 @@ def linear(x: torch.Tensor, args: tuple, out: int, perm: torch.Tensor | None = N
     rc = lib.i8_gemm_linear(*args, None if perm is None else perm.data_ptr(), x.data_ptr(), bf16, x.numel() // n_in,
                             y.data_ptr(), y_bf16, torch.get_num_threads())
     if rc == -2:
-        raise ValueError("activations contain NaN or Inf: they have no integer code")
+        raise NonFiniteActivations()
     if rc == -3:
         raise ValueError(f"i8 gemm: the input permutation holds an index outside [0, {n_in})")
     if rc:
