@@ -1,5 +1,7 @@
 """Decode tok/s of vLLM's offline ``LLM.generate`` on the default model: vLLM BF16 against lowbit's
-W4A4 and W4A16 checkpoints through the lowbit plugin, one vLLM process, engines one after the other.
+W4A4 and W4A16 checkpoints through the lowbit plugin (and, with ``--formats``, vLLM's own W8A8 and
+W4A16 kernels on lowbit's exports beside the plugin on the same checkpoints), one vLLM process,
+engines one after the other.
 
     python scripts/vllm_plugin_decode.py --work DIR [--batches 1 16] [--repeats 3] [--formats ...] [--json OUT]
 
@@ -26,12 +28,19 @@ from pathlib import Path
 import torch
 
 PROMPT, NEW = 128, 64
-# --formats name: (folder under --work, vllm.LLM's extra arguments)
+# --formats name: (folder under --work, vllm.LLM's extra arguments). vllm-*: lowbit's checkpoint
+# exported to compressed-tensors and run by vLLM's own kernels; plugin-w8a8 / plugin-w4a16g64 serve
+# the very checkpoints those exports come from, through the plugin (same weights, other kernels).
 ENGINES = {"float": ("float", {}), "w4a4": ("w4a4", {"quantization": "lowbit"}),
-           "w4a16": ("w4a16", {"quantization": "lowbit"})}
+           "w4a16": ("w4a16", {"quantization": "lowbit"}),
+           "vllm-w8a8": ("w8a8/compressed-tensors", {}), "plugin-w8a8": ("w8a8/lowbit", {"quantization": "lowbit"}),
+           "vllm-w4a16g64": ("w4a16/compressed-tensors", {}),
+           "plugin-w4a16g64": ("w4a16/lowbit", {"quantization": "lowbit"})}
+DEFAULT = ["float", "w4a4", "w4a16"]
 
 
 def _checkpoints(work: Path):
+    from lowbit.bench.vllm_exports import export_for_vllm, quantize_for_vllm
     from lowbit.checkpoint import load_model, save_quantized
     from lowbit.data import calibration_ids
     from lowbit.eval.windows import eval_windows
@@ -48,6 +57,11 @@ def _checkpoints(work: Path):
             model = copy.deepcopy(base)
             quantize_model(model, get_scheme(fmt).with_(**rtn), calibration_ids(tok, 2, 128))
             save_quantized(model, work / fmt, tok)
+    for fmt in ("w8a8", "w4a16"):  # lowbit bench serve's vLLM-servable versions, and their exports
+        if not (work / fmt / "compressed-tensors").exists():
+            model = quantize_for_vllm(base, fmt, calibration_ids(tok, 2, 128))
+            save_quantized(model, work / fmt / "lowbit", tok)
+            export_for_vllm(model, tok, work / fmt / "compressed-tensors")
     return eval_windows(tok, "wikitext2", PROMPT, 16)
 
 
@@ -57,7 +71,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--formats", nargs="+", choices=list(ENGINES), default=list(ENGINES))
+    ap.add_argument("--formats", nargs="+", choices=list(ENGINES), default=DEFAULT)
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
                     help="every engine's dtype (float32 is the faster float on CPUs without AVX512_BF16)")
     args = ap.parse_args()

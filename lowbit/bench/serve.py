@@ -9,6 +9,8 @@ and ``serve.png`` (output tokens/s against concurrency, Atom's Figure 10).
 
 Requests are real text (:mod:`.serve_requests`); every level sends a prefix of one seeded list.
 vLLM runs from its own environment (:mod:`.vllm_engine` finds it), on 127.0.0.1 and a free port.
+A server (or lowbit's loop) that fails is recorded under ``failed`` with its log's tail, the other
+formats still run, and the command exits 1 at the end.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ def _run(args) -> int:
     from .serve_engines import lowbit_points, vllm_points
     from .serve_formats import Source
     from .serve_requests import build_requests, describe
+    from .serve_server import ServerFailed
     from .vllm_engine import find_python, unsupported_reason
 
     formats = _formats(args.formats)
@@ -98,9 +101,10 @@ def _run(args) -> int:
     source = Source(base, tok, calibration_ids(tok, n, seqlen))
     logs = args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    rows, meta_engines = [], {}
+    rows, meta_engines, failed = [], {}, {}
     meta = args_meta(args)
     meta |= {"torch": torch.__version__, "vllm_python": python, "engines": meta_engines, "skipped": skipped,
+             "failed": failed,
              "requests": describe(reqs), "request_counts": counts, "machine": machine.report(),
              "formats": {f.name: {"about": f.about, "vllm_args": list(f.vllm_args), "vllm_env": f.vllm_env}
                          for f in formats}}
@@ -112,26 +116,40 @@ def _run(args) -> int:
         _finish_rows(rows, order)
         write_json(args.out / "serve.json", {"meta": meta | {"complete": False}, "rows": rows})  # so far
 
+    def measure(engine: str, fmt, points) -> None:
+        """One engine on one format; a server that fails is recorded and the others still run."""
+        key = f"{engine}/{fmt.name}"
+        try:
+            pts, meta_engines[key] = points()
+        except ServerFailed as e:
+            failed[key] = str(e)
+            console.print(f"{key} FAILED (the other formats go on; serve.json has the log's tail): "
+                          f"{str(e).splitlines()[0]}", highlight=False)
+            write_json(args.out / "serve.json", {"meta": meta | {"complete": False}, "rows": rows})
+            return
+        add(engine, fmt, pts)
+
     looped: dict[Path, str] = {}  # lowbit folder -> the format whose lowbit rows ran on it
     with tempfile.TemporaryDirectory(prefix="lowbit-serve-") as tmp:
         for fmt in formats:
             ckpt = fmt.make(source, Path(tmp) / fmt.name)
             console.print(f"{fmt.name}: vllm serve ({python})", highlight=False)
-            pts, meta_engines[f"vllm/{fmt.name}"] = vllm_points(python, fmt, ckpt.vllm, requests, counts, args,
-                                                                logs / f"vllm-{fmt.name}.log")
-            add("vllm", fmt, pts)
+            measure("vllm", fmt, lambda: vllm_points(python, fmt, ckpt.vllm, requests, counts, args,
+                                                     logs / f"vllm-{fmt.name}.log"))
             if "lowbit" in engines and ckpt.lowbit in looped:  # plugin-w4a16 after w4a16: the same checkpoint
                 meta_engines[f"lowbit/{fmt.name}"] = {"same_checkpoint_as": f"lowbit/{looped[ckpt.lowbit]}"}
             elif "lowbit" in engines and ckpt.lowbit is not None:
                 looped[ckpt.lowbit] = fmt.name
                 console.print(f"{fmt.name}: lowbit's generate loop", highlight=False)
-                pts, meta_engines[f"lowbit/{fmt.name}"] = lowbit_points(ckpt.lowbit, requests, counts, args,
-                                                                        logs / f"lowbit-{fmt.name}.log", Path(tmp))
-                add("lowbit", fmt, pts)
+                measure("lowbit", fmt, lambda: lowbit_points(ckpt.lowbit, requests, counts, args,
+                                                             logs / f"lowbit-{fmt.name}.log", Path(tmp)))
     console.print(_table(rows, args))
     write_json(args.out / "serve.json", {"meta": meta | {"complete": True}, "rows": rows})
     _plot(rows, args.out / "serve.png")
     console.print(f"wrote {args.out}/serve.json, serve.png (server logs in {logs})")
+    if failed:
+        console.print(f"failed: {', '.join(failed)} (see meta.failed in serve.json and the logs)", highlight=False)
+        return 1
     return 0
 
 

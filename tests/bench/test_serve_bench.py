@@ -223,6 +223,32 @@ def test_a_hanging_worker_is_stopped_by_its_time_limit(tmp_path):
 
 
 @pytest.mark.model
+def test_a_failing_format_is_recorded_and_the_others_still_run(tmp_path, monkeypatch):
+    """One format's server dies before it is healthy: its failure and log tail go to serve.json,
+    the next format is still measured, and the command exits 1 (a long run keeps what it measured)."""
+    from lowbit.bench import serve_engines, vllm_engine
+
+    def fake_points(python, fmt, folder, requests, counts, args, log):
+        if fmt.name == "bf16":
+            raise ServerFailed(f"vllm serve ({fmt.name}) exited with code 1 before it was healthy; its log ends:\nboom")
+        return [{"concurrency": c, "requests": n, "failed": 0, "output_tokens": 9, "output_tok_s": 3.0, "wall_s": 3.0,
+                 "ttft_p50_ms": 1.0, "ttft_p99_ms": 2.0, "itl_p50_ms": 1.0, "itl_p99_ms": 2.0, "peak_rss_bytes": 1 << 20}
+                for c, n in counts.items()], {"argv": [str(folder)]}
+
+    monkeypatch.setattr(vllm_engine, "find_python", lambda: "python")
+    monkeypatch.setattr(vllm_engine, "unsupported_reason", lambda fmt, python: None)
+    monkeypatch.setattr(serve_engines, "vllm_points", fake_points)
+    out = tmp_path / "o"
+    rc = main(["bench", "serve", "--formats", "bf16,w8a8", "--concurrency", "1,2", "--requests", "2", "--calib", "1x32",
+               "--vllm-only", "--out", str(out)])
+    assert rc == 1
+    data = json.loads((out / "serve.json").read_text())
+    assert list(data["meta"]["failed"]) == ["vllm/bf16"] and "boom" in data["meta"]["failed"]["vllm/bf16"]
+    assert data["meta"]["complete"] and {(r["format"], r["concurrency"]) for r in data["rows"]} == {("w8a8", 1), ("w8a8", 2)}
+    assert (out / "serve.png").stat().st_size > 0
+
+
+@pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # quantize, start `vllm serve` (eager) and lowbit's loop, on two shared cores
 def test_serve_small_real_run(tmp_path):
