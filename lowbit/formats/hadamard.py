@@ -132,10 +132,14 @@ def dense_transform(x: torch.Tensor) -> torch.Tensor:
 
 
 def _small_factor(y: torch.Tensor, m: int) -> torch.Tensor:
-    """``y @ H_m`` on the last dimension as an ordered sum (row 0's term, then + row d's term for
-    d = 1 .. m-1; the ±1 products are exact), not a matrix product whose summation order is the
-    BLAS's: the C and Triton transforms add in this order and so give these bits."""
+    """``y @ H_m`` on the last dimension. Below float64 as an ordered sum (row 0's term, then + row
+    d's term for d = 1 .. m-1; the ±1 products are exact), not a matrix product whose summation
+    order is the BLAS's: the C and Triton online transforms add in this order and so give these
+    bits. float64 (the offline rotation of weights, which no kernel repeats) keeps the product: 7x
+    faster on the default model's embedding."""
     h = _small(m).to(dtype=y.dtype, device=y.device)
+    if y.dtype == torch.float64:
+        return y @ h
     acc = y[..., 0:1] * h[0]
     for d in range(1, m):
         acc = acc + y[..., d:d + 1] * h[d]
