@@ -33,9 +33,10 @@ PROMPT, NEW = 128, 64
 # the very checkpoints those exports come from, through the plugin (same weights, other kernels).
 ENGINES = {"float": ("float", {}), "w4a4": ("w4a4", {"quantization": "lowbit"}),
            "w4a16": ("w4a16", {"quantization": "lowbit"}),
-           "vllm-w8a8": ("w8a8/compressed-tensors", {}), "plugin-w8a8": ("w8a8/lowbit", {"quantization": "lowbit"}),
-           "vllm-w4a16g64": ("w4a16/compressed-tensors", {}),
-           "plugin-w4a16g64": ("w4a16/lowbit", {"quantization": "lowbit"})}
+           "vllm-w8a8": ("export-w8a8/compressed-tensors", {}),
+           "plugin-w8a8": ("export-w8a8/lowbit", {"quantization": "lowbit"}),
+           "vllm-w4a16g64": ("export-w4a16/compressed-tensors", {}),
+           "plugin-w4a16g64": ("export-w4a16/lowbit", {"quantization": "lowbit"})}
 DEFAULT = ["float", "w4a4", "w4a16"]
 
 
@@ -58,10 +59,11 @@ def _checkpoints(work: Path):
             quantize_model(model, get_scheme(fmt).with_(**rtn), calibration_ids(tok, 2, 128))
             save_quantized(model, work / fmt, tok)
     for fmt in ("w8a8", "w4a16"):  # lowbit bench serve's vLLM-servable versions, and their exports
-        if not (work / fmt / "compressed-tensors").exists():
+        out = work / f"export-{fmt}"
+        if not (out / "compressed-tensors").exists():
             model = quantize_for_vllm(base, fmt, calibration_ids(tok, 2, 128))
-            save_quantized(model, work / fmt / "lowbit", tok)
-            export_for_vllm(model, tok, work / fmt / "compressed-tensors")
+            save_quantized(model, out / "lowbit", tok)
+            export_for_vllm(model, tok, out / "compressed-tensors")
     return eval_windows(tok, "wikitext2", PROMPT, 16)
 
 
