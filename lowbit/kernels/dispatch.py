@@ -90,6 +90,8 @@ class PreparedLinear:
             self._direct = w4_gemv.run
         elif self.kind == "w8a16" and isinstance(self.state, w8_gemv.W8GemvPrepared):
             self._direct = w8_gemv.run
+        elif self.kind == "w8a8" and getattr(self.state, "method", None) == "gemm":
+            self._direct = w8a8.run_gemm
         elif self.kind == "w4a4" and isinstance(self.state, w4a4.W4A4GemmPrepared):
             self._direct, self._gathers = functools.partial(w4a4.run_gemm, perm=self.input_perm), True
 

@@ -68,7 +68,21 @@ def _i8_outputs(lib):
         out.append(i8_gemm.run_codes(i8_gemm.act_codes(x, 13, w4.normal, 4, 0.9, lib), w4.normal, w4.outlier, lib))
         c = i8_gemm.act_codes(x[:, :301] * 9, 0, w8.weight, 8, 1.0, lib)
         out.append(i8_gemm.run_codes(c, w8.weight, lib=lib))
+        xb = x.bfloat16()  # one call to bfloat16 output: the rounding in the vector width of each build
+        out.append(i8_gemm.linear(xb, w4.args, 50, keep_bf16=True, lib=lib))
+        out.append(i8_gemm.linear(xb[:, :301], w8.args, 50, keep_bf16=True, lib=lib))
+    out.append(i8_gemm.round_bf16(_bf16_edge_values(), lib).view(torch.int16))  # NaN bits compared too
     return out
+
+
+def _bf16_edge_values() -> torch.Tensor:
+    """float32 values at bfloat16's rounding edges: exact ties to even and odd, one ulp beside them,
+    the largest finite values that round to Inf, signed zeros, subnormals, Inf, NaNs with payloads."""
+    bits = [0x3F808000, 0x3F818000, 0x3F808001, 0x3F807FFF, 0x7F7FFFFF, 0x7F7F7FFF, 0x7F7F8000, 0xFF7FFFFF,
+            0x00000000, 0x80000000, 0x00000001, 0x00008000, 0x00018000, 0x807FFFFF, 0x7F800000, 0xFF800000,
+            0x7FC00000, 0x7F800001, 0xFFFFFFFF, 0x7FBFFFFF, 0x3F800000, 0xBF80C000]
+    v = torch.tensor([b - (1 << 32) if b >= 1 << 31 else b for b in bits], dtype=torch.int32).view(torch.float32)
+    return torch.cat([v, torch.randn(37) * 1e3])  # 59 values: vector bodies and a scalar tail
 
 
 def _a16_outputs(lib):

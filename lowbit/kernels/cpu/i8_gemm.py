@@ -39,6 +39,8 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.i8_gemm_linear.argtypes = [vp, ci, vp, i32, i64, i64, i64, i64, vp, vp, i64, i64, i64, ci, ctypes.c_float, vp,
                                    vp, ci, i64, vp, ci, ci]
     lib.i8_gemm_linear.restype = ci
+    lib.i8_round_bf16.argtypes = [vp, vp, i64]
+    lib.i8_round_bf16.restype = None
 
 
 _LIB = KernelLibrary("i8 gemm", "i8_gemm.c", _bind)
@@ -59,6 +61,15 @@ def amx(lib: ctypes.CDLL | None = None) -> bool:
     are the vector tiles'."""
     lib = lib or library()
     return lib is not None and bool(lib.i8_gemm_amx())
+
+
+def round_bf16(x: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """float32 ``x`` → bfloat16 by the kernels' output rounding (meant to equal ``x.to(torch.bfloat16)``)."""
+    lib = _built(lib)
+    x = x.float().contiguous()
+    y = torch.empty(x.shape, dtype=torch.bfloat16)
+    lib.i8_round_bf16(x.data_ptr(), y.data_ptr(), x.numel())
+    return y
 
 
 @dataclass

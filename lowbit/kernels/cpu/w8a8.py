@@ -3,7 +3,7 @@ weight, then one float32 rescale by activation scale x weight scale.
 
 Four ways to the exact int32 product (bit-identical results, tested):
 
-- ``gemm`` (default where its build has a VNNI dot product and the CPU no AMX): lowbit's batched
+- ``gemm`` (default where its build has a VNNI dot product): lowbit's batched
   int8 kernel (:mod:`.i8_gemm`, ``vpdpbusd`` over tiles of 6 tokens x 32 rows; AMX-INT8 tiles from
   8 tokens where the build has them), faster than the
   GEMV below from batch 1 on (4096², AVX-512 VNNI, loaded: 0.61 against 1.57 ms at batch 1, 11.5
@@ -59,11 +59,13 @@ class W8A8Prepared:
 
 
 def gemm_is_default() -> bool:
-    """The batched kernel wins here at every batch: its build has VNNI (odd :func:`i8_gemm.simd`).
-    On AMX-INT8 CPUs the GEMV plus ``_int_mm`` stays: there this kernel (AMX tiles from 8 tokens)
-    won at 512 tokens (4096², 18.5 against 28.4 ms) but lost at 1-2 (1.44 against 0.96 ms at 1),
-    and decode runs at batch 1."""
-    return i8_gemm.simd() % 2 == 1 and not int_mm_for_batches()
+    """The batched kernel wins here at every batch: its build has VNNI (odd :func:`i8_gemm.simd`),
+    AMX CPUs included (there its AMX tiles take calls from 8 tokens). Measured on an AMX Xeon, one
+    thread, quiet (``lowbit bench gemm --threads 1``), against the GEMV with ``_int_mm`` from 8
+    tokens: 576x960 0.135 vs 0.220 ms at 1 token, 0.259 vs 0.453 at 64; 576x3072 0.249 vs 0.386,
+    0.670 vs 1.243; 4096² 1.88 vs 2.17, 6.80 vs 9.10 (stop 30's loss at 1-2 tokens on 4096² did not
+    repeat)."""
+    return i8_gemm.simd() % 2 == 1
 
 
 @dataclass
@@ -113,6 +115,17 @@ def int_product(codes: torch.Tensor, w: W8A8Prepared) -> torch.Tensor:
     if acc is None:
         acc = torch.zeros(codes.shape[0], w.scale.shape[0], dtype=torch.int32)
     return acc
+
+
+def run_gemm(x: torch.Tensor, w: W8A8NativePrepared) -> torch.Tensor:
+    """``x [..., in]`` → ``[..., out]`` of x's dtype for float32 and bfloat16 (others: float32) in one
+    C call (codes, exact products, float32 rescale, the rounding to bfloat16 as torch's), a bias
+    added in float32 before that rounding."""
+    y = i8_gemm.linear(x, w.args, w.weight.out, keep_bf16=w.bias is None)
+    if w.bias is None:
+        return y
+    y = y + w.bias
+    return y.to(x.dtype) if x.dtype == torch.bfloat16 else y
 
 
 def run(x: torch.Tensor, w) -> torch.Tensor:

@@ -50,15 +50,7 @@ static inline void dequant_spread(__m512i zv, __m512 sv, __m512i zq[4], __m512 s
  * the same order. */
 static inline __m256i dequant_quarter(__m128i codes, __m512i zq, __m512 sq) {
     __m512i c = _mm512_sub_epi32(_mm512_cvtepu8_epi32(codes), zq);
-    __m512i u = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(c), sq));
-    /* round to nearest even as f32_to_bf16; NaN quieted */
-    __m512i rne = _mm512_srli_epi32(
-        _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
-                         _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))), 16);
-    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                            _mm512_set1_epi32(0x7f800000));
-    rne = _mm512_mask_mov_epi32(rne, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
-    return _mm512_cvtepi32_epi16(rne);
+    return f32_to_bf16_x16(_mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(c), sq)));
 }
 
 static inline __m128i quarter_of(__m512i v, int j) {

@@ -118,8 +118,7 @@ static int a16_linear(a16_gemv_fn gemv, const void *weight, int64_t out, int64_t
     if (!xq || !sx || (sums && !xsum) || !yf) goto done;
     quant_act(x, x_bf16, t, k, kp, group, ng, xq, sx, xsum);
     gemv(weight, xq, sx, xsum, t, yf, threads);
-    if (y_bf16)
-        for (int64_t i = 0; i < t * out; i++) ((uint16_t *)y)[i] = f32_to_bf16(yf[i]);
+    if (y_bf16) f32_to_bf16_row((uint16_t *)y, yf, t * out);
     rc = 0;
 done:
     free(xq), free(sx), free(xsum);

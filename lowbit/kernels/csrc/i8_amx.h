@@ -66,7 +66,7 @@ static void amx_item(const void *ctx, int64_t item) {
     amx_config();
     int32_t cb[2][2][256] __attribute__((aligned(64)));
     for (int64_t s0 = 0; s0 < ns; s0 += AMX_SB) { /* a block of token tiles: its float sums stay in L1 */
-        memset(fs, 0, (size_t)fbytes);
+        if (!ng) memset(fs, 0, (size_t)fbytes); /* else the first group's rescale writes every sum it reads */
         for (int64_t g = 0; g <= ng; g++) { /* g == ng: the INT8 outliers, one group */
             if (g == ng && !A->wo) break;
             const int out = g == ng;
@@ -96,7 +96,7 @@ static void amx_item(const void *ctx, int64_t item) {
                                 } else {
                                     int64_t q = (i0 + m) * ng + g;
                                     vi_t p = VSUB32(VLOAD32(cb[m / 16][v] + (m % 16) * 16), VSET32(A->zx[q]));
-                                    FSTORE(f, FMA(FCVT(p), FMUL(swv, FSET(A->sx[q])), FLOAD(f)));
+                                    FSTORE(f, FMA(FCVT(p), FMUL(swv, FSET(A->sx[q])), g ? FLOAD(f) : FZERO()));
                                 }
                             }
                         }
@@ -104,7 +104,7 @@ static void amx_item(const void *ctx, int64_t item) {
             }
         }
         for (int64_t i = s0 * 32; i < A->t && i < (s0 + AMX_SB) * 32; i++)
-            memcpy(A->y + i * A->out + r0, fs + (i - s0 * 32) * AMX_ROWS, (size_t)np * PANEL * sizeof(float));
+            out_row(A, i, r0, fs + (i - s0 * 32) * AMX_ROWS, np * PANEL);
     }
     _tile_release();
 }

@@ -53,8 +53,17 @@ struct i8_args {
     const int8_t *xo;   /* [t, kpo] */
     const float *sxo;   /* [t] */
     const int32_t *zxo; /* [t] */
-    float *y;           /* [t, out] */
+    void *y;            /* [t, out] float32, or bfloat16 (y_bf16) rounded as torch's .to(bfloat16) */
+    int y_bf16;
 };
+
+/* n finished float32 results at y[i, r..] in the output's dtype. */
+static inline void out_row(const struct i8_args *A, int64_t i, int64_t r, const float *f, int64_t n) {
+    if (A->y_bf16)
+        f32_to_bf16_row((uint16_t *)A->y + i * A->out + r, f, n);
+    else
+        memcpy((float *)A->y + i * A->out + r, f, (size_t)n * sizeof(float));
+}
 
 #if I8_SIMD == 512
 #define MR 6 /* tokens x NV vectors of 16 rows: 12 accumulators, 2 weight vectors, 1 broadcast */
@@ -136,7 +145,14 @@ static inline __attribute__((always_inline)) void tile(const struct i8_args *A, 
         }
     }
     for (int m = 0; m < mr; m++)
-        for (int v = 0; v < nv; v++) FSTORE(A->y + (i0 + m) * A->out + r0 + v * VL, f[m][v]);
+        for (int v = 0; v < nv; v++) {
+            if (A->y_bf16) {
+                float tmp[VL];
+                FSTORE(tmp, f[m][v]);
+                out_row(A, i0 + m, r0 + v * VL, tmp, VL);
+            } else
+                FSTORE((float *)A->y + (i0 + m) * A->out + r0 + v * VL, f[m][v]);
+        }
 }
 
 #define TILE_CASES(NVC)                                                                                          \
@@ -179,7 +195,7 @@ static void i8_item(const void *ctx, int64_t item) {
                 int32_t p = (int32_t)(panel_dot(A->wo, 0, A->kpo, r, 0, A->kpo, A->xo + i * A->kpo, 1) - (uint32_t)A->zxo[i]);
                 f = f + fmaf((float)p, A->swo[r] * A->sxo[i], 0.f);
             }
-            A->y[i * A->out + r] = f;
+            out_row(A, i, r, &f, 1);
         }
 }
 #define I8_ROWS_PER_ITEM PANEL
@@ -236,9 +252,10 @@ static void int8_item(const void *ctx, int64_t item) {
  * is not NULL, the INT8 outlier part: codes xo [t, ko] (int16), scales sxo [t], panels wo over kpo
  * channels, row scales swo [out]. out a multiple of 16; kp of 8 (4-bit) or 4; group of 8 or 4.
  * Returns 0, or -1 if out of memory. */
-int i8_gemm(const uint8_t *w, int nibbles, const float *sw, int32_t zero, int64_t out, int64_t kp, int64_t group,
-            int64_t ng, const int16_t *xq, const float *sx, int64_t t, const uint8_t *wo, const float *swo,
-            int64_t kpo, const int16_t *xo, int64_t ko, const float *sxo, float *y, int threads) {
+static int i8_gemm_to(const uint8_t *w, int nibbles, const float *sw, int32_t zero, int64_t out, int64_t kp,
+                      int64_t group, int64_t ng, const int16_t *xq, const float *sx, int64_t t, const uint8_t *wo,
+                      const float *swo, int64_t kpo, const int16_t *xo, int64_t ko, const float *sxo, void *y,
+                      int y_bf16, int threads) {
     if (t <= 0) return 0;
     int8_t *x = malloc((size_t)(t * kp) + (size_t)(t * kpo) + 64);
     int32_t *zx = malloc((size_t)(t * ng + t) * sizeof(int32_t));
@@ -248,7 +265,7 @@ int i8_gemm(const uint8_t *w, int nibbles, const float *sw, int32_t zero, int64_
     }
     struct int8_job J = {xq, t, kp, kp, kp, group, ng, zero, x, zx};
     pool_run(int8_item, &J, (t + TOKENS_PER_ITEM - 1) / TOKENS_PER_ITEM, threads);
-    struct i8_args A = {w, sw, out, kp, group, ng, t, zero, nibbles, x, sx, zx, NULL, NULL, 0, NULL, NULL, NULL, y};
+    struct i8_args A = {w, sw, out, kp, group, ng, t, zero, nibbles, x, sx, zx, NULL, NULL, 0, NULL, NULL, NULL, y, y_bf16};
     if (wo) {
         int8_t *xo8 = x + t * kp;
         struct int8_job O = {xo, t, ko, ko, kpo, kpo, 1, 128, xo8, zx + t * ng};
@@ -262,6 +279,16 @@ int i8_gemm(const uint8_t *w, int nibbles, const float *sw, int32_t zero, int64_
     free(x), free(zx);
     return 0;
 }
+
+int i8_gemm(const uint8_t *w, int nibbles, const float *sw, int32_t zero, int64_t out, int64_t kp, int64_t group,
+            int64_t ng, const int16_t *xq, const float *sx, int64_t t, const uint8_t *wo, const float *swo,
+            int64_t kpo, const int16_t *xo, int64_t ko, const float *sxo, float *y, int threads) {
+    return i8_gemm_to(w, nibbles, sw, zero, out, kp, group, ng, xq, sx, t, wo, swo, kpo, xo, ko, sxo, y, 0, threads);
+}
+
+/* The outputs' rounding to bfloat16 (f32_to_bf16_row, this build's vector width) on its own, so that
+ * its ties, NaN, Inf and subnormals can be checked against torch's in every build. */
+void i8_round_bf16(const float *src, uint16_t *dst, int64_t n) { f32_to_bf16_row(dst, src, n); }
 
 /* The integer kinds' activation codes (act_sym.h) for this library's callers. */
 ACT_SYM_EXPORT(i8_act_sym)
@@ -286,9 +313,8 @@ int i8_gemm_linear(const uint8_t *w, int nibbles, const float *sw, int32_t zero,
     int16_t *xq = malloc((size_t)(t * kp + t * k + 1) * sizeof(int16_t));
     float *sx = malloc((size_t)(t * ng + t) * sizeof(float));
     int32_t *xsum = malloc((size_t)(t * ng) * sizeof(int32_t));
-    float *yf = y_bf16 ? malloc((size_t)(t * out) * sizeof(float)) : (float *)y;
     int rc = -1;
-    if ((perm && !xg) || !xq || !sx || !xsum || !yf) goto done;
+    if ((perm && !xg) || !xq || !sx || !xsum) goto done;
     int16_t *oq = xq + t * kp;
     float *osx = sx + t * ng;
     struct act_sym_job J = {.x = x, .bf16 = x_bf16, .bits = bits, .perm = perm, .xg = xg, .t = t, .n_in = n_in,
@@ -298,13 +324,11 @@ int i8_gemm_linear(const uint8_t *w, int nibbles, const float *sw, int32_t zero,
     rc = -2;
     if (atomic_load(&J.bad)) goto done;
     rc = -1;
-    if (i8_gemm(w, nibbles, sw, zero, out, kp, group, ng, xq, sx, t, k ? wo : NULL, swo, kpo, oq, k, osx, yf, threads))
+    if (i8_gemm_to(w, nibbles, sw, zero, out, kp, group, ng, xq, sx, t, k ? wo : NULL, swo, kpo, oq, k, osx, y, y_bf16,
+                   threads))
         goto done;
-    if (y_bf16)
-        for (int64_t i = 0; i < t * out; i++) ((uint16_t *)y)[i] = f32_to_bf16(yf[i]);
     rc = 0;
 done:
     free(xg), free(xq), free(sx), free(xsum);
-    if (y_bf16) free(yf);
     return rc;
 }

@@ -122,7 +122,7 @@ def test_default_method_follows_the_build():
     p4 = from_float(torch.randn(16, 128), "w4a4")
     simd = i8_gemm.simd()
     assert w4a4.prepare(p4).method == ("gemm" if simd else "native")
-    expect8 = "gemm" if simd % 2 == 1 and not w8a8.int_mm_for_batches() else "native"
+    expect8 = "gemm" if simd % 2 == 1 else "native"
     assert w8a8.prepare(p8).method == expect8
 
 
@@ -144,6 +144,35 @@ def test_one_call_linear_equals_codes_then_gemm_with_a_permutation(out, n, k, gr
     for t in (1, 5, 7):
         assert torch.equal(i8_gemm.linear(x[:t], st.args, out, perm), want[:t])
     assert torch.equal(i8_gemm.linear(x.reshape(13, 1, n + k), st.args, out, perm), want.reshape(13, 1, out))
+
+
+def test_bf16_output_of_amx_tiles_is_torch_rounding_of_the_float32_output():
+    """Calls of many tokens (AMX tiles where the build has them, vector tiles elsewhere) write
+    bfloat16 straight from their float32 sums: the same bits as rounding the float32 output with
+    torch, W8A8 and W4A4 with outliers, at the tiles' edges."""
+    torch.manual_seed(5)
+    s4 = w4a4.prepare(from_float(torch.randn(80, 640), "w4a4", group=128, n_outliers=64), "gemm")
+    s8 = w8a8.prepare(from_float(torch.randn(80, 576), "w8a8"), "gemm")
+    x = (torch.randn(70, 640) * 3).bfloat16()
+    for lib in amx_builds(i8_gemm.library):
+        for t in (1, 17, 33, 70):
+            for st, xt in ((s4, x[:t]), (s8, x[:t, :576])):
+                want = i8_gemm.linear(xt, st.args, 80, lib=lib)
+                got = i8_gemm.linear(xt, st.args, 80, keep_bf16=True, lib=lib)
+                assert got.dtype == torch.bfloat16 and torch.equal(got, want.bfloat16()), (t, lib)
+
+
+def test_output_rounding_matches_torch_at_bf16_edges():
+    from tests.native.test_isa import _bf16_edge_values
+
+    v = _bf16_edge_values()
+    nan = v.isnan()
+    want = v.bfloat16()
+    for lib in (None, _portable()):
+        got = i8_gemm.round_bf16(v, lib)
+        # NaN stays NaN (payload bits differ within torch itself: 0x7FC0 scalar, 0xFFFF vectorized)
+        assert torch.equal(got.isnan(), nan), lib
+        assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16)), lib
 
 
 def test_one_call_linear_refuses_bad_input_without_reading_it():
