@@ -171,6 +171,19 @@ def _ms(v) -> str:
     return "-" if v is None else f"{v:.0f}" if v >= 100 else f"{v:.1f}"
 
 
+def _per_step(r: dict, key: str) -> str:
+    return "-" if r.get(key) is None else f"{r[key]:.1f}"
+
+
+def _step_split(r: dict) -> str:
+    """ms per engine step, as lowbit's linears + the rest where the op timed itself (plugin formats)."""
+    if r.get("step_ms") is None:
+        return "-"
+    if r.get("linear_ms") is None:
+        return _ms(r["step_ms"])
+    return f"{_ms(r['step_ms'])}: {_ms(r['linear_ms'])} + {_ms(r['rest_ms'])}"
+
+
 def _table(rows: list[dict], args):
     from rich.table import Table
 
@@ -180,13 +193,13 @@ def _table(rows: list[dict], args):
                         f"{args.new_min}-{args.new_max} output tokens, seed {args.seed}"
                         f"{', vLLM eager' if args.eager else ''}; lowbit = static batches of the concurrency")
     for c in ("concurrency", "engine", "format", "requests", "output tok/s", "vs vLLM bf16", "TTFT p50 ms",
-              "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "peak memory"):
+              "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "tokens/step", "ms/step: linears + rest", "peak memory"):
         table.add_column(c, justify="right")
     for r in rows:
         vs = "-" if r["vs_vllm_bf16"] is None else f"{r['vs_vllm_bf16']:.2f}x"
         table.add_row(str(r["concurrency"]), r["engine"], r["format"], str(r["requests"]), f"{r['output_tok_s']:.1f}",
                       vs, _ms(r["ttft_p50_ms"]), _ms(r["ttft_p99_ms"]), _ms(r["itl_p50_ms"]), _ms(r["itl_p99_ms"]),
-                      fmt_bytes(r["peak_rss_bytes"]))
+                      _per_step(r, "tokens_per_step"), _step_split(r), fmt_bytes(r["peak_rss_bytes"]))
     return table
 
 

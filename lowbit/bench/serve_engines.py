@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .serve_server import PeakTreeRSS, ServerProcess, free_port
 from .serve_stats import summarize
+from .serve_steps import StepCounter
 
 HOST = "127.0.0.1"  # the server listens on loopback only
 
@@ -58,8 +59,11 @@ def vllm_points(python: str, fmt, folder: Path, requests: list[dict], counts: di
     port = free_port(HOST)
     max_len = max(len(r["prompt_ids"]) + r["max_tokens"] for r in requests) + 8
     argv = vllm_argv(python, folder, port, fmt.name, max_len, max(args.concurrency), args.eager, fmt.vllm_args)
-    server = ServerProcess(argv, log, vllm_env(args.threads, args.kv_cache_gib, fmt.vllm_env),
-                           name=f"vllm serve ({fmt.name})")
+    ops_path = log.with_name(log.stem + "-op-stats.json")  # written by lowbit's op, plugin formats only
+    ops_path.unlink(missing_ok=True)
+    env = vllm_env(args.threads, args.kv_cache_gib, fmt.vllm_env | {"LOWBIT_OP_STATS": str(ops_path)})
+    server = ServerProcess(argv, log, env, name=f"vllm serve ({fmt.name})")
+    steps = StepCounter(f"http://{HOST}:{port}/metrics", ops_path)
     points, meta = [], {"argv": argv[1:], "log": str(log)}
     server.start()
     try:
@@ -70,12 +74,14 @@ def vllm_points(python: str, fmt, folder: Path, requests: list[dict], counts: di
                                     args.request_timeout))
         meta["idle_rss_bytes"] = idle.peak
         for c in args.concurrency:
+            steps.before()
             with PeakTreeRSS(server.proc.pid) as mem:
                 res = drive(HOST, port, fmt.name, requests[: counts[c]], c, args.budget, args.request_timeout)
+            split = steps.after(res["wall_s"])
             server.seen_pids |= mem.pids
             _check(server, c, res)
             points.append({"concurrency": c, **summarize(res["records"], res["wall_s"]), "unsent": res["unsent"],
-                           "peak_rss_bytes": mem.peak})
+                           "peak_rss_bytes": mem.peak, **split})
     finally:
         meta["exit_code"] = server.stop()
         meta["pids"] = sorted(server.seen_pids)

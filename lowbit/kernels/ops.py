@@ -22,10 +22,12 @@ compiled CPU warm-up runs attention without metadata, leaving its output ``torch
 from __future__ import annotations
 
 import itertools
+import time
 import weakref
 
 import torch
 
+from lowbit.kernels import op_stats
 from lowbit.kernels.dispatch import PreparedLinear
 from lowbit.kernels.linear_params import KernelError, NonFiniteActivations
 
@@ -62,7 +64,17 @@ def prepared(handle: str) -> PreparedLinear:
 
 def linear(x: torch.Tensor, handle: str) -> torch.Tensor:
     """``x [..., in]`` → ``[..., out]`` of x's dtype through the prepared linear ``handle``: the
-    op's body, which eager callers may call directly (no dispatcher crossing; see :func:`call`)."""
+    op's body, which eager callers may call directly (no dispatcher crossing; see :func:`call`).
+    Timed into :data:`op_stats.STATS` where ``LOWBIT_OP_STATS`` asks for it."""
+    if op_stats.STATS is None:
+        return _linear(x, handle)
+    t0 = time.perf_counter()
+    y = _linear(x, handle)
+    op_stats.STATS.add(handle, time.perf_counter() - t0, x.numel() // max(x.shape[-1], 1) if x.dim() else 0)
+    return y
+
+
+def _linear(x: torch.Tensor, handle: str) -> torch.Tensor:
     p = prepared(handle)
     try:
         y = p.batched(x)

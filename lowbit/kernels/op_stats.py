@@ -1,0 +1,75 @@
+"""Totals of lowbit's linear op in one process (seconds inside it, calls, tokens, and the calls of
+the first handle registered, which a model's forward makes once), written as JSON to the file that
+``LOWBIT_OP_STATS`` names, four times a second and at exit. ``lowbit bench serve`` reads it from a
+vLLM server's engine process to split a step into lowbit's linears and the rest: in a compiled
+graph the op's body still runs here, in Python, so it can time itself where nothing else can.
+Off unless the variable is set (then a call costs two clock reads).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+
+from lowbit.io.atomic import write_json
+
+ENV = "LOWBIT_OP_STATS"
+INTERVAL_S = 0.25
+
+
+class OpStats:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.seconds, self.calls, self.tokens, self.first_calls = 0.0, 0, 0, 0
+        self.first: str | None = None  # the handle whose calls count forwards
+        self._lock = threading.Lock()
+        self._written = None
+        self._thread: threading.Thread | None = None
+
+    def add(self, handle: str, seconds: float, tokens: int) -> None:
+        with self._lock:
+            self.seconds += seconds
+            self.calls += 1
+            self.tokens += tokens
+            if self.first is None or _number(handle) < _number(self.first):
+                self.first, self.first_calls = handle, 0
+            if handle == self.first:
+                self.first_calls += 1
+        if self._thread is None:  # started by the first call: in the process that runs the model
+            self._thread = threading.Thread(target=self._loop, name="lowbit-op-stats", daemon=True)
+            self._thread.start()
+            atexit.register(self.write)
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {"pid": os.getpid(), "seconds": self.seconds, "calls": self.calls, "tokens": self.tokens,
+                    "forwards": self.first_calls, "first_handle": self.first}
+
+    def write(self) -> None:
+        snap = self.snapshot()
+        if snap != self._written:
+            write_json(self.path, snap)
+            self._written = snap
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(INTERVAL_S)
+            try:
+                self.write()
+            except OSError:  # a folder that went away: timing must never stop the model
+                pass
+
+
+def _number(handle: str) -> int:
+    digits = handle.lstrip("abcdefghijklmnopqrstuvwxyz")
+    return int(digits) if digits.isdigit() else 0
+
+
+def from_env() -> OpStats | None:
+    path = os.environ.get(ENV, "").strip()
+    return OpStats(path) if path else None
+
+
+STATS = from_env()
