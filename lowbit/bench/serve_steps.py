@@ -6,7 +6,8 @@ counts one observation per engine step, its sum the tokens computed), for every 
 linears' time comes from lowbit's op timing itself in the engine process
 (:mod:`lowbit.kernels.op_stats`, ``LOWBIT_OP_STATS``), so only plugin formats have it; vLLM's own
 kernels run inside its compiled graph where nothing can time them apart, so their rows say ``-``.
-ms per step is the level's wall time over its steps (idle moments between requests included: at
+One engine process (the plugin serves tensor_parallel_size=1; with several, each would write the
+same file). ms per step is the level's wall time over its steps (idle moments between requests included: at
 concurrency 1 an upper bound, from 4 on the engine is hardly ever idle).
 """
 
@@ -75,8 +76,8 @@ def split(s0, s1, o0, o1, wall_s: float) -> dict:
         return out
     steps = s1[0] - s0[0]
     out |= {"steps": int(steps), "tokens_per_step": (s1[1] - s0[1]) / steps, "step_ms": 1e3 * wall_s / steps}
-    if o1 is not None and (o0 is None or o1.get("pid") == o0.get("pid")):
-        lin = o1["seconds"] - (o0["seconds"] if o0 else 0.0)
+    if o0 is not None and o1 is not None and o1.get("pid") == o0.get("pid"):
+        lin = o1["seconds"] - o0["seconds"]
         out |= {"linear_ms": 1e3 * lin / steps, "rest_ms": out["step_ms"] - 1e3 * lin / steps,
                 "linear_share": lin / wall_s if wall_s > 0 else None}
     return out

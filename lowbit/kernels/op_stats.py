@@ -26,7 +26,7 @@ class OpStats:
         self.first: str | None = None  # the handle whose calls count forwards
         self._lock = threading.Lock()
         self._written = None
-        self._thread: threading.Thread | None = None
+        self._writer_pid: int | None = None  # the process whose writer thread runs (a fork child starts its own)
 
     def add(self, handle: str, seconds: float, tokens: int) -> None:
         with self._lock:
@@ -37,10 +37,12 @@ class OpStats:
                 self.first, self.first_calls = handle, 0
             if handle == self.first:
                 self.first_calls += 1
-        if self._thread is None:  # started by the first call: in the process that runs the model
-            self._thread = threading.Thread(target=self._loop, name="lowbit-op-stats", daemon=True)
-            self._thread.start()
-            atexit.register(self.write)
+            start = self._writer_pid != os.getpid()  # the first call in this process: the one that runs the model
+            if start:
+                self._writer_pid = os.getpid()
+        if start:
+            threading.Thread(target=self._loop, name="lowbit-op-stats", daemon=True).start()
+            atexit.register(self._write_quietly)
 
     def snapshot(self) -> dict:
         with self._lock:
@@ -53,13 +55,16 @@ class OpStats:
             write_json(self.path, snap)
             self._written = snap
 
+    def _write_quietly(self) -> None:
+        try:
+            self.write()
+        except OSError:  # a folder that went away: timing must never stop the model
+            pass
+
     def _loop(self) -> None:
         while True:
             time.sleep(INTERVAL_S)
-            try:
-                self.write()
-            except OSError:  # a folder that went away: timing must never stop the model
-                pass
+            self._write_quietly()
 
 
 def _number(handle: str) -> int:

@@ -275,7 +275,7 @@ def test_serve_small_real_run(tmp_path):
         assert r["ttft_p50_ms"] > 0 and r["itl_p50_ms"] is not None and r["peak_rss_bytes"] > 100 << 20
     for r in rows:  # the step split: vLLM's step counter, lowbit's op timing itself in the engine process
         if r["engine"] == "vllm":
-            assert r["steps"] >= 4 and r["tokens_per_step"] >= 1 and r["step_ms"] > 0
+            assert r["steps"] >= 2 and r["tokens_per_step"] >= 1 and r["step_ms"] > 0  # prefill + a decode
             assert 0 < r["linear_ms"] < r["step_ms"] and r["rest_ms"] > 0 and 0 < r["linear_share"] < 1
     engine = data["meta"]["engines"][f"vllm/{fmt}"]
     assert engine["vllm"] and engine["ready_s"] > 0

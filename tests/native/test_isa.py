@@ -10,6 +10,7 @@ from lowbit.native import cbuild, isa
 from lowbit.kernels.cpu import a16_gemm, decode_ops, hadamard, i8_gemm, w4_gemv, w4a4, w8_gemv, w8a8
 from lowbit.kernels import from_float
 from lowbit.native.isa import ISAError
+from tests.kernels.cpu.builds import bf16_edge_values
 
 SOURCES = {"w4": w4_gemv._LIB.src, "w8": w8_gemv._LIB.src, "i8_gemm": i8_gemm._LIB.src, "a16_gemm": a16_gemm._LIB.src,
            "decode_ops": decode_ops._LIB.src, "hadamard": hadamard._LIB.src, "codecs": codecs_native._SRC}
@@ -71,18 +72,8 @@ def _i8_outputs(lib):
         xb = x.bfloat16()  # one call to bfloat16 output: the rounding in the vector width of each build
         out.append(i8_gemm.linear(xb, w4.args, 50, keep_bf16=True, lib=lib))
         out.append(i8_gemm.linear(xb[:, :301], w8.args, 50, keep_bf16=True, lib=lib))
-    out.append(i8_gemm.round_bf16(_bf16_edge_values(), lib).view(torch.int16))  # NaN bits compared too
+    out.append(i8_gemm.round_bf16(bf16_edge_values(), lib).view(torch.int16))  # NaN bits compared too
     return out
-
-
-def _bf16_edge_values() -> torch.Tensor:
-    """float32 values at bfloat16's rounding edges: exact ties to even and odd, one ulp beside them,
-    the largest finite values that round to Inf, signed zeros, subnormals, Inf, NaNs with payloads."""
-    bits = [0x3F808000, 0x3F818000, 0x3F808001, 0x3F807FFF, 0x7F7FFFFF, 0x7F7F7FFF, 0x7F7F8000, 0xFF7FFFFF,
-            0x00000000, 0x80000000, 0x00000001, 0x00008000, 0x00018000, 0x807FFFFF, 0x7F800000, 0xFF800000,
-            0x7FC00000, 0x7F800001, 0xFFFFFFFF, 0x7FBFFFFF, 0x3F800000, 0xBF80C000]
-    v = torch.tensor([b - (1 << 32) if b >= 1 << 31 else b for b in bits], dtype=torch.int32).view(torch.float32)
-    return torch.cat([v, torch.randn(37) * 1e3])  # 59 values: vector bodies and a scalar tail
 
 
 def _a16_outputs(lib):

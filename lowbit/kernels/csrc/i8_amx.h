@@ -66,7 +66,8 @@ static void amx_item(const void *ctx, int64_t item) {
     amx_config();
     int32_t cb[2][2][256] __attribute__((aligned(64)));
     for (int64_t s0 = 0; s0 < ns; s0 += AMX_SB) { /* a block of token tiles: its float sums stay in L1 */
-        if (!ng) memset(fs, 0, (size_t)fbytes); /* else the first group's rescale writes every sum it reads */
+        if (!ng || (A->group < A->kp ? A->group : A->kp) <= 0) /* else group 0's rescale writes every sum read */
+            memset(fs, 0, (size_t)fbytes);
         for (int64_t g = 0; g <= ng; g++) { /* g == ng: the INT8 outliers, one group */
             if (g == ng && !A->wo) break;
             const int out = g == ng;

@@ -49,6 +49,30 @@ def test_codes_equal_torch_bit_for_bit(t, n, k, group, bits, clip, bf16, scale, 
         assert torch.equal(c.xsum, sums)
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_ties_zeros_and_tails_of_the_vector_loops(bits):
+    """75 channels: 9 vectors of 8 and a scalar tail of 3. Ties of the largest magnitude with both
+    signs inside the vectors, inside the tail and across the two (the first wins, as torch.argmax),
+    an all-zero row led by -0.0, and a NaN in the tail, for the libraries whose builds vectorize."""
+    from lowbit.kernels.cpu import i8_gemm
+
+    x = torch.randn(4, 75)
+    x[0, 10], x[0, 20] = -5.0, 5.0
+    x[1, 73], x[1, 74] = 5.0, -5.0
+    x[2, 3], x[2, 74] = 7.0, -7.0
+    x[3] = 0.0
+    x[3, 0] = -0.0
+    act = ActSpec(bits, 0, 0.9)
+    ref, xq = _torch_codes(x, act, 0, 75, 128)
+    for fn in (w4_gemv.library().w4_act_sym, i8_gemm.library().i8_act_sym):
+        c = act_sym.symmetric_codes(fn, x, 0, 75, 1, 128, bits, 0.9)
+        assert torch.equal(c.xq, xq) and torch.equal(c.scale, ref.scale)
+        bad = x.clone()
+        bad[1, 74] = float("nan")
+        with pytest.raises(ValueError, match="NaN or Inf"):
+            act_sym.symmetric_codes(fn, bad, 0, 75, 1, 128, bits, 0.9)
+
+
 def test_nan_or_inf_is_refused_like_torch():
     lib = w4_gemv.library()
     for bad in (float("nan"), float("inf"), -float("inf")):

@@ -9,7 +9,7 @@ import torch
 from lowbit.kernels import from_float
 from lowbit.kernels.cpu import i8_gemm, w4a4, w8a8
 from lowbit.kernels.linear_params import KernelError
-from tests.kernels.cpu.builds import amx_builds, portable_build
+from tests.kernels.cpu.builds import amx_builds, bf16_edge_values, portable_build
 from tests.threads import assert_same_for_thread_counts
 
 pytestmark = pytest.mark.skipif(not i8_gemm.available(), reason="no C compiler for the native kernel")
@@ -162,10 +162,19 @@ def test_bf16_output_of_amx_tiles_is_torch_rounding_of_the_float32_output():
                 assert got.dtype == torch.bfloat16 and torch.equal(got, want.bfloat16()), (t, lib)
 
 
-def test_output_rounding_matches_torch_at_bf16_edges():
-    from tests.native.test_isa import _bf16_edge_values
+def test_every_channel_an_outlier_through_the_tiles():
+    """No normal group at all (every input channel an INT8 outlier): the tiles' float sums start
+    from zero, not from a previous call's memory; the portable build's bits at AMX sizes."""
+    st = w4a4.prepare(from_float(torch.randn(32, 64), "w4a4", group=64, n_outliers=64), "gemm")
+    x = torch.randn(70, 64)
+    want = i8_gemm.linear(x, st.args, 32, lib=_portable())
+    for lib in amx_builds(i8_gemm.library):
+        i8_gemm.linear(x * 1e3, st.args, 32, lib=lib)  # leaves other sums in the per-thread buffers
+        assert torch.equal(i8_gemm.linear(x, st.args, 32, lib=lib), want), lib
 
-    v = _bf16_edge_values()
+
+def test_output_rounding_matches_torch_at_bf16_edges():
+    v = bf16_edge_values()
     nan = v.isnan()
     want = v.bfloat16()
     for lib in (None, _portable()):
