@@ -15,7 +15,9 @@ faster float where the CPU has no AVX512_BF16 and vLLM's bf16 linears fall back 
 decode step is split into vLLM's linear layers (every ``apply``: lowbit's op with its input gather,
 vLLM's own GEMMs, the LM head) and the rest (attention, norms, sampling, scheduling), timed the same
 way: ms per step = (median time for 64 tokens - median for 1) / 63.
-Needs the vLLM environment (``scripts/venv_vllm.sh``; ``LOWBIT_VLLM_PYTHON`` names another).
+Run it with lowbit's own environment (``.venv/bin/python``: it makes the checkpoints with
+lowbit's quantizer, whose KV cache needs transformers >= 5.20); it starts vLLM in the vLLM
+environment (``scripts/venv_vllm.sh``; ``LOWBIT_VLLM_PYTHON`` names another).
 """
 
 from __future__ import annotations
