@@ -183,3 +183,14 @@ def linear(x: torch.Tensor, args: tuple, out: int, perm: torch.Tensor | None = N
     if rc:
         raise MemoryError("i8 gemm: out of memory for its activation buffers")
     return y[..., :out] if out_pad != out else y
+
+
+def linear_in_dtype(x: torch.Tensor, args: tuple, out: int, bias: torch.Tensor | None,
+                    perm: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`linear` returning x's dtype for float32 and bfloat16 (others: float32): bfloat16 rounded
+    in C when there is no bias, else the bias added in float32 before torch's rounding."""
+    y = linear(x, args, out, perm, keep_bf16=bias is None)
+    if bias is None:
+        return y
+    y = y + bias
+    return y.to(x.dtype) if x.dtype == torch.bfloat16 else y

@@ -205,11 +205,7 @@ def run_gemm(x: torch.Tensor, w: W4A4GemmPrepared, perm: torch.Tensor | None = N
     float32 and bfloat16 (others: float32): codes, both exact products and their rescales in one C
     call (the bits of :func:`i8_gemm.act_codes` then :func:`i8_gemm.run_codes`), a bias added in
     float32 before the rounding to bfloat16."""
-    y = i8_gemm.linear(x, w.args, w.normal.out, perm, keep_bf16=w.bias is None)
-    if w.bias is None:
-        return y
-    y = y + w.bias
-    return y.to(x.dtype) if x.dtype == torch.bfloat16 else y
+    return i8_gemm.linear_in_dtype(x, w.args, w.normal.out, w.bias, perm)
 
 
 def run(x: torch.Tensor, w) -> torch.Tensor:

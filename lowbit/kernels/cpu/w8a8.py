@@ -121,11 +121,7 @@ def run_gemm(x: torch.Tensor, w: W8A8NativePrepared) -> torch.Tensor:
     """``x [..., in]`` → ``[..., out]`` of x's dtype for float32 and bfloat16 (others: float32) in one
     C call (codes, exact products, float32 rescale, the rounding to bfloat16 as torch's), a bias
     added in float32 before that rounding."""
-    y = i8_gemm.linear(x, w.args, w.weight.out, keep_bf16=w.bias is None)
-    if w.bias is None:
-        return y
-    y = y + w.bias
-    return y.to(x.dtype) if x.dtype == torch.bfloat16 else y
+    return i8_gemm.linear_in_dtype(x, w.args, w.weight.out, w.bias)
 
 
 def run(x: torch.Tensor, w) -> torch.Tensor:

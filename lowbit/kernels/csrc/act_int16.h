@@ -1,9 +1,7 @@
-/* Shared by the native A16 kernels (W4A16, W8A16): bfloat16 <-> float32, the rounding of
- * activations to int16 codes per group (scale = absmax / 32767, round half to even), read straight
- * from the caller's float32 or bfloat16 rows, and the driver of one whole linear (a16_linear).
- *
- * The includer defines ACT_SIMD (1: AVX2). The AVX2 and the portable loops give the same bits:
- * the same IEEE divide and round-to-nearest-even per value, an exact max and exact integer sums.
+/* Shared by the native A16 kernels (W4A16, W8A16): the rounding of activations to int16 codes per
+ * group (scale = absmax / 32767, round half to even; the per-value steps in act_round.h, whose
+ * ACT_SIMD the includer defines), read straight from the caller's float32 or bfloat16 rows, and
+ * the driver of one whole linear (a16_linear).
  */
 #ifndef LOWBIT_ACT_INT16_H
 #define LOWBIT_ACT_INT16_H
@@ -11,67 +9,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if ACT_SIMD
-#include <immintrin.h>
-#endif
-#include "bf16.h"
-
-/* Values [a, b) of x: their absmax, and whether all are finite. */
-static inline float act_absmax(const void *x, int bf16, int64_t a, int64_t b, int *finite) {
-    float amax = 0.f;
-    int ok = 1;
-    int64_t j = a;
-#if ACT_SIMD
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), inf = _mm256_set1_ps(INFINITY);
-    __m256 m = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
-    for (; j + 8 <= b; j += 8) {
-        __m256 v = _mm256_and_ps(act_load8(x, bf16, j), absmask);
-        m = _mm256_max_ps(m, v);
-        bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, inf, _CMP_NLT_UQ)); /* Inf or NaN */
-    }
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
-    amax = _mm_cvtss_f32(h);
-    ok = _mm256_movemask_ps(bad) == 0;
-#endif
-    for (; j < b; j++) {
-        float v = act_at(x, bf16, j);
-        amax = fmaxf(amax, fabsf(v));
-        ok &= isfinite(v) != 0;
-    }
-    *finite = ok;
-    return amax;
-}
-
-/* Codes of values [a, b) with step s (finite): q = round_half_even(x / s) in [-32767, 32767];
- * returns their sum. */
-static inline int32_t act_codes(const void *x, int bf16, int64_t a, int64_t b, float s, int16_t *q) {
-    int32_t sum = 0;
-    int64_t j = a;
-#if ACT_SIMD
-    const __m256 sv = _mm256_set1_ps(s), hi = _mm256_set1_ps(32767.f), lo = _mm256_set1_ps(-32767.f);
-    __m256i acc = _mm256_setzero_si256();
-    for (; j + 8 <= b; j += 8) {
-        __m256 r = _mm256_round_ps(_mm256_div_ps(act_load8(x, bf16, j), sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m256i c = _mm256_cvttps_epi32(_mm256_max_ps(_mm256_min_ps(r, hi), lo));
-        acc = _mm256_add_epi32(acc, c);
-        _mm_storeu_si128((__m128i *)(q + j - a),
-                         _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1)));
-    }
-    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
-    h = _mm_hadd_epi32(h, h);
-    h = _mm_hadd_epi32(h, h);
-    sum = _mm_cvtsi128_si32(h);
-#endif
-    for (; j < b; j++) {
-        int32_t c = (int32_t)nearbyintf(act_at(x, bf16, j) / s);
-        c = c > 32767 ? 32767 : (c < -32767 ? -32767 : c);
-        q[j - a] = (int16_t)c;
-        sum += c;
-    }
-    return sum;
-}
+#include "act_round.h"
 
 /* Token rows x [t, k] (float32, or bfloat16 when bf16) -> xq [t, kp] int16 (zero padded), sx
  * [t, ng] the groups' steps (absmax / 32767; 1 for an all-zero group) and, when xsum is not NULL,
@@ -89,7 +27,7 @@ static void quant_act(const void *x, int bf16, int64_t t, int64_t k, int64_t kp,
             if (s == 0.f) s = 0x1p-149f; /* amax < 2^-135: the smallest step still covers it */
             int32_t sum = 0;
             if (finite)
-                sum = a < b ? act_codes(x, bf16, i * k + a, i * k + b, s, qr + a) : 0;
+                sum = a < b ? act_round_codes(x, bf16, i * k + a, i * k + b, s, -32767.f, 32767.f, qr + a) : 0;
             else if (a < b)
                 memset(qr + a, 0, (size_t)(b - a) * sizeof(int16_t));
             sx[i * ng + g] = s;

@@ -10,88 +10,21 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "bf16.h"
+#include "act_round.h"
 #include "work_pool.h"
 
-static inline float act_sym_at(const void *x, int bf16, int64_t j) {
-    return bf16 ? bf16_to_f32(((const uint16_t *)x)[j]) : ((const float *)x)[j];
-}
-
-#if defined(ACT_SIMD) && ACT_SIMD && defined(__AVX2__)
-#include <immintrin.h>
-#define ACT_SYM_VEC 1
-/* The first index of [a, b) holding the largest magnitude (a for an empty or all-zero block), or -1
- * if a value is NaN or Inf: 8 values at a time, the scalar loop's choice (torch.argmax's first). */
-static inline int64_t act_sym_argmax(const void *x, int bf16, int64_t a, int64_t b) {
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), inf = _mm256_set1_ps(INFINITY);
-    __m256 m = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
-    int64_t j = a;
-    for (; j + 8 <= b; j += 8) {
-        __m256 v = _mm256_and_ps(act_load8(x, bf16, j), absmask);
-        m = _mm256_max_ps(m, v);
-        bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, inf, _CMP_NLT_UQ)); /* Inf or NaN */
-    }
-    if (_mm256_movemask_ps(bad)) return -1;
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
-    for (int64_t k = j; k < b; k++) {
-        float v = fabsf(act_sym_at(x, bf16, k));
-        if (!isfinite(v)) return -1;
-        amax = v > amax ? v : amax;
-    }
-    const __m256 mv = _mm256_set1_ps(amax);
-    for (j = a; j + 8 <= b; j += 8) {
-        int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(act_load8(x, bf16, j), absmask), mv, _CMP_EQ_OQ));
-        if (hit) return j + __builtin_ctz((unsigned)hit);
-    }
-    for (; j < b; j++)
-        if (fabsf(act_sym_at(x, bf16, j)) == amax) return j;
-    return a;
-}
-#endif
-
-/* Codes of x[a:b] into q[0:b-a]; their sum into *sum; the scale returned (NaN if a value is not finite). */
+/* Codes of x[a:b] into q[0:b-a]; their sum into *sum; the scale returned (NaN if a value is not
+ * finite). The scale's sign is that of the first value of largest magnitude (torch.argmax's first). */
 static float act_sym_block(const void *x, int bf16, int64_t a, int64_t b, int bits, float clip, int16_t *q,
                            int32_t *sum) {
-    float v = 0.f;
-#ifdef ACT_SYM_VEC
-    int64_t at = act_sym_argmax(x, bf16, a, b);
-    if (at < 0) return NAN;
-    if (a < b) v = act_sym_at(x, bf16, at);
-#else
-    float best = -1.f;
-    for (int64_t j = a; j < b; j++) {
-        float xv = act_sym_at(x, bf16, j);
-        if (!isfinite(xv)) return NAN;
-        if (fabsf(xv) > best) best = fabsf(xv), v = xv;
-    }
-#endif
+    int finite = 1;
+    const float amax = act_absmax(x, bf16, a, b, &finite);
+    if (!finite) return NAN;
+    const float v = a < b ? act_at(x, bf16, act_first_magnitude(x, bf16, a, b, amax)) : 0.f;
     const float lo = -(float)(1 << (bits - 1)), hi = (float)((1 << (bits - 1)) - 1);
     float s = v * clip / lo;
     if (s == 0.f) s = 1.f;
-    int32_t acc = 0;
-    int64_t j = a;
-#ifdef ACT_SYM_VEC /* the same IEEE divide, round half to even and clamp per value; exact integer sums */
-    const __m256 sv = _mm256_set1_ps(s), hv = _mm256_set1_ps(hi), lv = _mm256_set1_ps(lo);
-    __m256i accv = _mm256_setzero_si256();
-    for (; j + 8 <= b; j += 8) {
-        __m256 r = _mm256_round_ps(_mm256_div_ps(act_load8(x, bf16, j), sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m256i c = _mm256_cvttps_epi32(_mm256_max_ps(_mm256_min_ps(r, hv), lv));
-        accv = _mm256_add_epi32(accv, c);
-        _mm_storeu_si128((__m128i *)(q + j - a), _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1)));
-    }
-    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(accv), _mm256_extracti128_si256(accv, 1));
-    h = _mm_hadd_epi32(h, h);
-    acc = _mm_cvtsi128_si32(_mm_hadd_epi32(h, h));
-#endif
-    for (; j < b; j++) {
-        float c = nearbyintf(act_sym_at(x, bf16, j) / s);
-        c = c < lo ? lo : (c > hi ? hi : c);
-        q[j - a] = (int16_t)c;
-        acc += (int32_t)c;
-    }
-    *sum = acc;
+    *sum = act_round_codes(x, bf16, a, b, s, lo, hi, q);
     return s;
 }
 
