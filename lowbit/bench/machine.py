@@ -9,7 +9,7 @@ def report() -> dict:
     import torch
 
     from lowbit.comm.codecs import native as codecs_native
-    from lowbit.kernels.cpu import a16_gemm, decode_ops, hadamard, i8_gemm, w4_gemv, w8_gemv
+    from lowbit.kernels.cpu import a16_gemm, decode_ops, hadamard, i8_gemm, kernel_threads, w4_gemv, w8_gemv
     from lowbit.kernels import from_float, prepare
     from lowbit.native import isa
     from lowbit.native.cpu_features import cpu_info
@@ -27,6 +27,7 @@ def report() -> dict:
     return {"cpu": cpu_info(),
             "torch": {"version": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                       "threads": torch.get_num_threads()},
+            "kernel_threads": kernel_threads(),
             "isa": {"selected": isa.selected().name,
                     "variants": {v.name: {"runnable": isa.runnable(v), "missing": isa.missing(v)} for v in isa.VARIANTS}},
             "native": [{"name": n, "built": bool(ok()), "source": lib.src.name,

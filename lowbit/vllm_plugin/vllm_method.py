@@ -26,6 +26,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, 
 from vllm.model_executor.models.utils import WeightsMapper
 
 from lowbit.kernels import ops
+from lowbit.kernels.cpu import kernel_threads
 from lowbit.kernels.dispatch import prepare
 from lowbit.kernels.linear_params import from_quant_linear
 from lowbit.nn.quant_linear import QuantLinear, QuantLinearLayout
@@ -148,8 +149,8 @@ class LowbitLinearMethod(LinearMethodBase):
             del layer._parameters[name]
         if (prepared.kind, prepared.kernel) not in _ANNOUNCED:
             _ANNOUNCED.add((prepared.kind, prepared.kernel))
-            log.info("lowbit plugin: %s linears run on lowbit's %s kernel (first: %s)", prepared.kind,
-                     prepared.kernel, self.prefix)
+            log.info("lowbit plugin: %s linears run on lowbit's %s kernel (first: %s; threads: %s)", prepared.kind,
+                     prepared.kernel, self.prefix, kernel_threads())
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         y = ops.call(x, layer.lowbit_handle)  # torch.ops.lowbit.linear when compiled

@@ -2,6 +2,7 @@
 ``LOWBIT_ISA`` override is one error line."""
 
 import json
+import os
 
 from lowbit.cli import main
 
@@ -13,6 +14,9 @@ def test_env_reports_cpu_libraries_and_kernels(tmp_path, capsys):
     assert {lib["name"] for lib in rep["native"]} == {"all-reduce codecs", "4-bit linear", "8-bit linear", "decode ops",
                                                       "batched int8 linear", "batched A16 linear", "online block Hadamard"}
     assert set(rep["kernels"]) == {"w4a16", "w8a16", "w8a8", "w4a4"}
+    i8 = next(lib["built"] for lib in rep["native"] if lib["name"] == "batched int8 linear")
+    expect = "omp" if os.environ.get("LOWBIT_THREADS") == "omp" else "pool"  # the suite runs with either
+    assert rep["kernel_threads"] == (expect if i8 else None)
     # a kind runs a native kernel (the GEMV or the batched one) exactly where its library built
     w4 = next(lib["built"] for lib in rep["native"] if lib["name"] == "4-bit linear")
     assert (rep["kernels"]["w4a16"] in ("cpu:native", "cpu:gemm")) == w4

@@ -168,8 +168,9 @@ def test_plugin_serves_every_format_as_lowbit_does(served, monkeypatch):
     log = served[1]["log"]
     for kind in ("w4a4", "w4a16", "w8a16", "w8a8"):  # w8a16: the w4a16 preset's INT8 LM head
         # a CPU method of lowbit's (native GEMV or batched gemm, as dispatch picks here), never reference
-        if not re.search(rf"lowbit plugin: {kind} linears run on lowbit's cpu:\w+ kernel", log):
-            problems.append(f"the engine log does not say that {kind} linears ran on lowbit's native kernels")
+        if not re.search(rf"lowbit plugin: {kind} linears run on lowbit's cpu:\w+ kernel .*threads: omp\)", log):
+            problems.append(f"the engine log does not say that {kind} linears ran on lowbit's native kernels "
+                            "on torch's OpenMP team")
     err = served[1]["engines"][-1].get("error") or ""
     if not ("tensor-parallel" in err and "quantize without --tp" in err):  # a layout the plugin cannot run
         problems.append(f"the --tp checkpoint was not refused at load by name: {err[-300:]!r}")

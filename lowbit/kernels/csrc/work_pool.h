@@ -11,13 +11,23 @@
  * then sleep on a condition variable. A second caller while a call runs (ctypes releases the GIL)
  * runs its items alone, and so does a call whose items exceed the word's 16-bit count. After fork
  * the child starts with no workers. Which thread runs an item never changes its result.
+ *
+ * Inside an engine whose own operators are OpenMP regions (vLLM: torch's operators and its C++
+ * kernels, back to back), a second set of threads fights torch's team for the cores: its threads
+ * spin after each region, so a pool worker waits for a time slice and then holds the core while the
+ * next torch region waits for it. With LOWBIT_THREADS=omp the items run on torch's own OpenMP team
+ * instead (GOMP_parallel, the entry point `#pragma omp parallel` compiles to, found in the process
+ * where torch's libgomp or libiomp5 is loaded; the pool where it is not), claimed from one atomic
+ * counter as here. LOWBIT_THREADS=pool (the default) keeps the pool.
  */
 #ifndef LOWBIT_WORK_POOL_H
 #define LOWBIT_WORK_POOL_H
+#include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define POOL_RELAX() _mm_pause()
@@ -111,9 +121,65 @@ static void pool_start_workers(int n) {
     pthread_mutex_unlock(&pool_.mu);
 }
 
+#ifndef RTLD_DEFAULT /* glibc declares it only under _GNU_SOURCE on some versions */
+#define RTLD_DEFAULT ((void *)0)
+#endif
+typedef void (*pool_gomp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
+
+static _Atomic int pool_omp_state; /* 0 undecided, 1 the pool, 2 the OpenMP team */
+
+/* A forked child has none of the parent's OpenMP threads, and GNU libgomp's next region would wait
+ * for them forever: the child's calls use the pool (which starts its own workers). */
+static void pool_omp_after_fork_child(void) { atomic_store_explicit(&pool_omp_state, 1, memory_order_release); }
+
+/* GOMP_parallel of the process's OpenMP runtime where LOWBIT_THREADS=omp asks for it, else NULL
+ * (decided at the first call). */
+static pool_gomp_parallel_fn pool_omp(void) {
+    static pool_gomp_parallel_fn fn;
+    int st = atomic_load_explicit(&pool_omp_state, memory_order_acquire);
+    if (st == 0) {
+        pthread_mutex_lock(&pool_.mu);
+        st = atomic_load_explicit(&pool_omp_state, memory_order_relaxed);
+        if (st == 0) {
+            const char *env = getenv("LOWBIT_THREADS");
+            if (env && env[0] == 'o' && env[1] == 'm' && env[2] == 'p' && env[3] == 0)
+                fn = (pool_gomp_parallel_fn)dlsym(RTLD_DEFAULT, "GOMP_parallel");
+            st = fn ? 2 : 1;
+            if (fn) pthread_atfork(NULL, NULL, pool_omp_after_fork_child);
+            atomic_store_explicit(&pool_omp_state, st, memory_order_release);
+        }
+        pthread_mutex_unlock(&pool_.mu);
+    }
+    return st == 2 ? fn : NULL;
+}
+
+/* 2 where this library's calls run on the process's OpenMP team (LOWBIT_THREADS=omp), else 1. */
+int pool_threads_mode(void) { return pool_omp() ? 2 : 1; }
+
+struct pool_omp_job {
+    pool_item_fn fn;
+    const void *ctx;
+    int64_t items;
+    _Atomic int64_t next;
+};
+
+static void pool_omp_body(void *arg) { /* every thread of the team claims items until none is left */
+    struct pool_omp_job *job = arg;
+    for (int64_t i; (i = atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed)) < job->items;)
+        job->fn(job->ctx, i);
+}
+
 /* fn(ctx, i) for every i in [0, items), on up to `threads` threads (the caller among them). */
 static void pool_run(pool_item_fn fn, const void *ctx, int64_t items, int threads) {
     if (threads > POOL_MAX_WORKERS + 1) threads = POOL_MAX_WORKERS + 1;
+    if (threads > 1 && items > 1) {
+        pool_gomp_parallel_fn omp = pool_omp();
+        if (omp) {
+            struct pool_omp_job job = {fn, ctx, items, 0};
+            omp(pool_omp_body, &job, (unsigned)(threads < items ? threads : items), 0);
+            return;
+        }
+    }
     if (threads <= 1 || items <= 1 || items > POOL_MAX_ITEMS || pthread_mutex_trylock(&pool_.call) != 0) {
         for (int64_t i = 0; i < items; i++) fn(ctx, i);
         return;

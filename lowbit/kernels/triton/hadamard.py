@@ -73,7 +73,7 @@ if triton is not None:
             acc = _stage_rows(acc, P, MP, 2 ** i)
         acc = acc * scale
         out = y_ptr + row * n + a[:, None] * M + j[None, :]
-        keep = (j < M)[None, :] & (a < P)[:, None]
+        keep = (j < M)[None, :]  # the padding columns of m; every one of the p rows is real
         if BF16:
             tl.store(out, _bf16_bits(acc), mask=keep)
         else:
@@ -105,27 +105,36 @@ if triton is not None:
 MAX_BLOCK = 128
 
 
+def _check(which: str, x: torch.Tensor) -> None:
+    from lowbit.kernels.linear_params import KernelError
+
+    if triton is None:
+        raise KernelError(f"the Triton {which} Hadamard needs triton installed")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"{which} Hadamard: float32/bfloat16/float16 input, got {x.dtype}")
+
+
+def _rows_and_output(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """x as rows with a unit last stride (bfloat16 viewed as int16 bit patterns, see _bf16_bits),
+    the output of x's shape and dtype, and whether it is bfloat16."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    bf16 = x.dtype == torch.bfloat16
+    return (x2.view(torch.int16) if bf16 else x2), torch.empty(x.shape, dtype=x.dtype, device=x.device), bf16
+
+
 def block_hadamard_triton(x: torch.Tensor, normal: int, block: int) -> torch.Tensor:
     """``lowbit.kernels.cpu.hadamard.block_hadamard_reference`` by the Triton kernel (float32,
     bfloat16 or float16 rows with a unit last stride; any leading shape)."""
     from lowbit.kernels.cpu.hadamard import _scale
-    from lowbit.kernels.linear_params import KernelError
 
-    if triton is None:
-        raise KernelError("the Triton block Hadamard needs triton installed")
+    _check("block", x)
     n = x.shape[-1]
     if not 2 <= block <= MAX_BLOCK or block & (block - 1) or not 0 <= normal <= n or normal % block:
         raise ValueError(f"block Hadamard: block {block} must be a power of two in [2, {MAX_BLOCK}] dividing "
                          f"normal {normal} <= {n}")
-    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ValueError(f"block Hadamard: float32/bfloat16/float16 input, got {x.dtype}")
-    x2 = x.reshape(-1, n)
-    if x2.stride(1) != 1:
-        x2 = x2.contiguous()
-    bf16 = x.dtype == torch.bfloat16
-    if bf16:  # copied and stored as int16 bit patterns (see _bf16_bits)
-        x2 = x2.view(torch.int16)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    x2, y, bf16 = _rows_and_output(x)
     rows, tail = x2.shape[0], n - normal
     if rows and n:
         grid = (rows, normal // block + (1 if tail else 0))
@@ -154,23 +163,13 @@ def input_hadamard_triton(x: torch.Tensor) -> torch.Tensor:
     """``lowbit.kernels.cpu.hadamard.input_hadamard_reference`` by the Triton kernel (float32,
     bfloat16 or float16 rows; any leading shape; ``input_fits(n)``)."""
     from lowbit.kernels.cpu.hadamard import _scale
-    from lowbit.kernels.linear_params import KernelError
 
-    if triton is None:
-        raise KernelError("the Triton input Hadamard needs triton installed")
+    _check("input", x)
     n = x.shape[-1]
-    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ValueError(f"input Hadamard: float32/bfloat16/float16 input, got {x.dtype}")
     if not input_fits(n):
         raise ValueError(f"input Hadamard: rows of {n} exceed the Triton kernel's tile of {MAX_TILE} values")
     p, m = factor(n)
-    x2 = x.reshape(-1, n)
-    if x2.stride(1) != 1:
-        x2 = x2.contiguous()
-    bf16 = x.dtype == torch.bfloat16
-    if bf16:
-        x2 = x2.view(torch.int16)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    x2, y, bf16 = _rows_and_output(x)
     mp = triton.next_power_of_2(m)
     if x2.shape[0]:
         _input_hadamard_kernel[(x2.shape[0],)](x2, y.view(torch.int16) if bf16 else y, _signs_on(m, str(x.device)),

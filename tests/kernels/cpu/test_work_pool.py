@@ -63,3 +63,41 @@ def test_forked_child_runs_without_the_parents_workers():
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+_OMP_CASES = r"""
+import sys
+import torch
+from lowbit.kernels import from_float, prepare
+from lowbit.kernels.cpu import a16_gemm, decode_ops, i8_gemm, w4_gemv, w8_gemv
+
+torch.set_num_threads(2)
+torch.manual_seed(5)
+outs = []
+for kind, extra in (("w8a8", {}), ("w4a4", {"n_outliers": 32, "group": 128}), ("w4a16", {"group": 128}), ("w8a16", {})):
+    pl = prepare(from_float(torch.randn(200, 384), kind, **extra), "cpu")
+    for t in (1, 5, 64):
+        x = torch.randn(t, 384)
+        outs += [pl.batched(x), pl.batched(x.bfloat16())]
+modes = [lib.pool_threads_mode() for lib in (i8_gemm.library(), w4_gemv.library(), w8_gemv.library(),
+                                             a16_gemm.library(), decode_ops.library())]
+torch.save({"outs": outs, "modes": modes}, sys.argv[1])
+"""
+
+
+def test_threads_on_torchs_openmp_team_give_the_same_bits(tmp_path):
+    """LOWBIT_THREADS=omp (what the vLLM plugin sets) runs the items on torch's OpenMP team: every
+    library finds it, and every kernel kind gives the pool's bits (a child per mode, 2 threads)."""
+    import subprocess
+    import sys
+
+    res = {}
+    for mode in ("pool", "omp"):
+        out = tmp_path / f"{mode}.pt"
+        env = {k: v for k, v in os.environ.items() if k != "LOWBIT_THREADS"} | {"LOWBIT_THREADS": mode}
+        subprocess.run([sys.executable, "-c", _OMP_CASES, str(out)], env=env, check=True, timeout=240)
+        res[mode] = torch.load(out)
+    assert res["pool"]["modes"] == [1] * 5 and res["omp"]["modes"] == [2] * 5
+    assert len(res["omp"]["outs"]) == 24
+    for a, b in zip(res["pool"]["outs"], res["omp"]["outs"]):
+        assert a.dtype == b.dtype and torch.equal(a, b)
