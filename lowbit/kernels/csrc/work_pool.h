@@ -18,7 +18,9 @@
  * next torch region waits for it. With LOWBIT_THREADS=omp the items run on torch's own OpenMP team
  * instead (GOMP_parallel, the entry point `#pragma omp parallel` compiles to, found in the process
  * where torch's libgomp or libiomp5 is loaded; the pool where it is not), claimed from one atomic
- * counter as here. LOWBIT_THREADS=pool (the default) keeps the pool.
+ * counter as here; one call at a time, a forked child on the pool. Each library reads the setting at
+ * its first call. LOWBIT_THREADS=pool (the default) keeps the pool, which holds up better when
+ * another process takes a core.
  */
 #ifndef LOWBIT_WORK_POOL_H
 #define LOWBIT_WORK_POOL_H
@@ -127,30 +129,31 @@ static void pool_start_workers(int n) {
 typedef void (*pool_gomp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
 
 static _Atomic int pool_omp_state; /* 0 undecided, 1 the pool, 2 the OpenMP team */
+static _Atomic(pool_gomp_parallel_fn) pool_omp_fn;
 
 /* A forked child has none of the parent's OpenMP threads, and GNU libgomp's next region would wait
- * for them forever: the child's calls use the pool (which starts its own workers). */
+ * for them forever: a child's calls always use the pool (which starts its own workers). Registered
+ * when the library loads, so a fork before its first call is covered too. */
 static void pool_omp_after_fork_child(void) { atomic_store_explicit(&pool_omp_state, 1, memory_order_release); }
+__attribute__((constructor)) static void pool_omp_register_atfork(void) {
+    pthread_atfork(NULL, NULL, pool_omp_after_fork_child);
+}
 
 /* GOMP_parallel of the process's OpenMP runtime where LOWBIT_THREADS=omp asks for it, else NULL
- * (decided at the first call). */
+ * (decided at the first call, without a lock: getenv and dlsym give every racing caller the same). */
 static pool_gomp_parallel_fn pool_omp(void) {
-    static pool_gomp_parallel_fn fn;
     int st = atomic_load_explicit(&pool_omp_state, memory_order_acquire);
     if (st == 0) {
-        pthread_mutex_lock(&pool_.mu);
-        st = atomic_load_explicit(&pool_omp_state, memory_order_relaxed);
-        if (st == 0) {
-            const char *env = getenv("LOWBIT_THREADS");
-            if (env && env[0] == 'o' && env[1] == 'm' && env[2] == 'p' && env[3] == 0)
-                fn = (pool_gomp_parallel_fn)dlsym(RTLD_DEFAULT, "GOMP_parallel");
-            st = fn ? 2 : 1;
-            if (fn) pthread_atfork(NULL, NULL, pool_omp_after_fork_child);
-            atomic_store_explicit(&pool_omp_state, st, memory_order_release);
-        }
-        pthread_mutex_unlock(&pool_.mu);
+        const char *env = getenv("LOWBIT_THREADS");
+        pool_gomp_parallel_fn f = NULL;
+        if (env && env[0] == 'o' && env[1] == 'm' && env[2] == 'p' && env[3] == 0)
+            f = (pool_gomp_parallel_fn)dlsym(RTLD_DEFAULT, "GOMP_parallel");
+        atomic_store_explicit(&pool_omp_fn, f, memory_order_release);
+        int expect = 0;
+        atomic_compare_exchange_strong(&pool_omp_state, &expect, f ? 2 : 1);
+        st = atomic_load_explicit(&pool_omp_state, memory_order_acquire);
     }
-    return st == 2 ? fn : NULL;
+    return st == 2 ? atomic_load_explicit(&pool_omp_fn, memory_order_acquire) : NULL;
 }
 
 /* 2 where this library's calls run on the process's OpenMP team (LOWBIT_THREADS=omp), else 1. */
@@ -174,9 +177,14 @@ static void pool_run(pool_item_fn fn, const void *ctx, int64_t items, int thread
     if (threads > POOL_MAX_WORKERS + 1) threads = POOL_MAX_WORKERS + 1;
     if (threads > 1 && items > 1) {
         pool_gomp_parallel_fn omp = pool_omp();
-        if (omp) {
+        if (omp) { /* one call at a time on the team: a second caller (another Python thread) runs alone */
+            if (pthread_mutex_trylock(&pool_.call) != 0) {
+                for (int64_t i = 0; i < items; i++) fn(ctx, i);
+                return;
+            }
             struct pool_omp_job job = {fn, ctx, items, 0};
             omp(pool_omp_body, &job, (unsigned)(threads < items ? threads : items), 0);
+            pthread_mutex_unlock(&pool_.call);
             return;
         }
     }

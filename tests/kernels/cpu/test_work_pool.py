@@ -66,6 +66,7 @@ def test_forked_child_runs_without_the_parents_workers():
 
 
 _OMP_CASES = r"""
+import os
 import sys
 import torch
 from lowbit.kernels import from_float, prepare
@@ -81,13 +82,28 @@ for kind, extra in (("w8a8", {}), ("w4a4", {"n_outliers": 32, "group": 128}), ("
         outs += [pl.batched(x), pl.batched(x.bfloat16())]
 modes = [lib.pool_threads_mode() for lib in (i8_gemm.library(), w4_gemv.library(), w8_gemv.library(),
                                              a16_gemm.library(), decode_ops.library())]
-torch.save({"outs": outs, "modes": modes}, sys.argv[1])
+import threading  # two Python threads at once (ctypes releases the GIL): one runs on the team, the other alone
+same = []
+callers = [threading.Thread(target=lambda: same.extend(torch.equal(pl.batched(x), outs[-2]) for _ in range(20)))
+           for _ in range(2)]
+[c.start() for c in callers]
+[c.join() for c in callers]
+threads_ok = len(same) == 40 and all(same)
+pid = os.fork()  # a forked child has none of the team's threads: its calls must take the pool, and finish
+if pid == 0:
+    ok = torch.equal(pl.batched(x), outs[-2]) and i8_gemm.library().pool_threads_mode() == 1
+    os._exit(0 if ok else 1)
+_, status = os.waitpid(pid, 0)
+fork_ok = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+torch.save({"outs": outs, "modes": modes, "threads_ok": threads_ok, "fork_ok": fork_ok}, sys.argv[1])
 """
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_threads_on_torchs_openmp_team_give_the_same_bits(tmp_path):
     """LOWBIT_THREADS=omp (what the vLLM plugin sets) runs the items on torch's OpenMP team: every
-    library finds it, and every kernel kind gives the pool's bits (a child per mode, 2 threads)."""
+    library finds it, every kernel kind gives the pool's bits (a child per mode, 2 threads), and a
+    process forked after team calls runs on the pool (libgomp's team is not in the fork)."""
     import subprocess
     import sys
 
@@ -98,6 +114,7 @@ def test_threads_on_torchs_openmp_team_give_the_same_bits(tmp_path):
         subprocess.run([sys.executable, "-c", _OMP_CASES, str(out)], env=env, check=True, timeout=240)
         res[mode] = torch.load(out)
     assert res["pool"]["modes"] == [1] * 5 and res["omp"]["modes"] == [2] * 5
+    assert all(res[m]["threads_ok"] and res[m]["fork_ok"] for m in res)
     assert len(res["omp"]["outs"]) == 24
     for a, b in zip(res["pool"]["outs"], res["omp"]["outs"]):
         assert a.dtype == b.dtype and torch.equal(a, b)
