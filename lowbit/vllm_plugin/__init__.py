@@ -14,8 +14,9 @@ def register() -> None:
     """Register ``LowbitConfig`` under the name ``lowbit`` (idempotent: vLLM may call it again), and
     have lowbit's kernels run on torch's OpenMP team in this process (``LOWBIT_THREADS=omp`` unless
     set: see ``csrc/work_pool.h``). vLLM's own operators are back-to-back OpenMP regions, whose
-    spinning threads a second thread pool fights for the cores (measured on 2 cores, a layer's
-    linears and norms at 4 tokens: 27 ms a step on lowbit's pool, 17 on the team, vLLM's int8 16)."""
+    spinning threads a second thread pool fights for the cores (``scripts/vllm_threads_ab.py`` on 2
+    cores, W8A8 linears and vLLM's norms at 4 tokens: 28.4 ms a step on lowbit's pool, 16.2 on the
+    team, vLLM's own int8 13.8)."""
     import os
 
     os.environ.setdefault("LOWBIT_THREADS", "omp")

@@ -17,8 +17,8 @@ SOURCES = {"w4": w4_gemv._LIB.src, "w8": w8_gemv._LIB.src, "i8_gemm": i8_gemm._L
 X86 = pytest.mark.skipif(not isa.x86(), reason="ISA variants are x86-64 target flags")
 
 
-def _flags(v, extra=("-pthread",)):
-    return ("-O3", *v.flags, *extra)
+def _flags(v, extra=("-pthread",), opt="-O3"):
+    return (opt, *v.flags, *extra)
 
 
 @X86
@@ -34,7 +34,7 @@ def test_every_variant_compiles_here(source, variant, tmp_path):
     cc = cbuild.compiler()
     if cc is None:
         pytest.skip("no C compiler")
-    r = subprocess.run([cc, "-O0", *variant.flags, "-pthread", "-Werror=implicit-function-declaration", "-shared", "-fPIC",
+    r = subprocess.run([cc, *_flags(variant, opt="-O0"), "-Werror=implicit-function-declaration", "-shared", "-fPIC",
                         str(SOURCES[source]), "-o", str(tmp_path / "x.so"), "-lm"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 

@@ -175,21 +175,16 @@ static void pool_omp_body(void *arg) { /* every thread of the team claims items 
 /* fn(ctx, i) for every i in [0, items), on up to `threads` threads (the caller among them). */
 static void pool_run(pool_item_fn fn, const void *ctx, int64_t items, int threads) {
     if (threads > POOL_MAX_WORKERS + 1) threads = POOL_MAX_WORKERS + 1;
-    if (threads > 1 && items > 1) {
-        pool_gomp_parallel_fn omp = pool_omp();
-        if (omp) { /* one call at a time on the team: a second caller (another Python thread) runs alone */
-            if (pthread_mutex_trylock(&pool_.call) != 0) {
-                for (int64_t i = 0; i < items; i++) fn(ctx, i);
-                return;
-            }
-            struct pool_omp_job job = {fn, ctx, items, 0};
-            omp(pool_omp_body, &job, (unsigned)(threads < items ? threads : items), 0);
-            pthread_mutex_unlock(&pool_.call);
-            return;
-        }
-    }
-    if (threads <= 1 || items <= 1 || items > POOL_MAX_ITEMS || pthread_mutex_trylock(&pool_.call) != 0) {
+    const pool_gomp_parallel_fn omp = threads > 1 && items > 1 ? pool_omp() : NULL;
+    /* one call at a time on the pool or the team: a second caller (another Python thread) runs alone */
+    if (threads <= 1 || items <= 1 || (!omp && items > POOL_MAX_ITEMS) || pthread_mutex_trylock(&pool_.call) != 0) {
         for (int64_t i = 0; i < items; i++) fn(ctx, i);
+        return;
+    }
+    if (omp) {
+        struct pool_omp_job job = {fn, ctx, items, 0};
+        omp(pool_omp_body, &job, (unsigned)(threads < items ? threads : items), 0);
+        pthread_mutex_unlock(&pool_.call);
         return;
     }
     pool_start_workers(threads - 1);
