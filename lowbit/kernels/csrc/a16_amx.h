@@ -28,8 +28,8 @@
 struct a16_amx_args {
     const struct a16_args *A;
     int64_t gs, kpa, tp;     /* channels per padded group; padded width; tokens padded to 32 */
-    const int8_t *xh;        /* [tp, kpa] high bytes of the codes, signed */
-    const uint8_t *xl;       /* [tp, kpa] low bytes, unsigned */
+    const int8_t *xh;        /* high bytes of the codes, signed, packed tiles of width kpa */
+    const uint8_t *xl;       /* low bytes, unsigned, the same layout */
     int direct;              /* INT8 panels whose groups are whole tile steps: read in place */
 };
 
@@ -63,8 +63,8 @@ static void a16_amx_item(const void *ctx, int64_t item) {
             const int64_t c0 = g * M->gs, c1 = c0 + (len + AK - 1) / AK * AK;
             for (int pr = 0; pr < (np + 1) / 2; pr++) {
                 const int nv = np - 2 * pr < 2 ? np - 2 * pr : 2;
-                amx_products(M->xh + i0 * kpa, kpa, bw + 2 * pr, nv, c0, c1, NULL, ch, 0);
-                amx_products(M->xl + i0 * kpa, kpa, bw + 2 * pr, nv, c0, c1, NULL, cl, 1);
+                amx_products(amx_a_packed(M->xh + i0 * kpa, kpa), bw + 2 * pr, nv, c0, c1, NULL, ch, 0);
+                amx_products(amx_a_packed(M->xl + i0 * kpa, kpa), bw + 2 * pr, nv, c0, c1, NULL, cl, 1);
                 for (int v = 0; v < nv; v++) {
                     const int64_t r = r0 + (2 * pr + v) * PANEL, q = ((r / PANEL) * ng + g) * PANEL;
                     const vf_t swv = FLOAD(A->sw + q);
@@ -86,8 +86,8 @@ static void a16_amx_item(const void *ctx, int64_t item) {
     _tile_release();
 }
 
-/* x [t, kp] int16 -> xh, xl [tp, ng * gs]: each group on whole tile steps, zero padded (tokens t..
- * zero too); one item per 32 tokens of tp. */
+/* x [t, kp] int16 -> xh, xl: packed A tiles (amx_packed_at) of width ng * gs, each group on whole
+ * tile steps, zero padded (tokens t.. zero too); one item per 32 tokens of tp. */
 struct a16_split_job {
     const int16_t *x;
     int64_t t, kp, group, ng, gs;
@@ -104,15 +104,17 @@ static void a16_split_item(const void *ctx, int64_t item) {
         for (int64_t g = 0; g < J->ng; g++) {
             const int64_t a = g * J->group, b = a + J->group < J->kp ? a + J->group : J->kp;
             const int16_t *src = J->x + i * J->kp + a;
-            int8_t *h = J->xh + i * w + g * J->gs;
-            uint8_t *l = J->xl + i * w + g * J->gs;
             int64_t k = 0;
-            for (; k + 32 <= b - a; k += 32) {
+            for (; k + 32 <= b - a; k += 32) { /* 32 channels never straddle a tile step */
+                const int64_t at = amx_packed_at(i, g * J->gs + k, w);
                 __m512i v = _mm512_loadu_si512((const void *)(src + k));
-                _mm256_storeu_si256((__m256i *)(h + k), _mm512_cvtepi16_epi8(_mm512_srai_epi16(v, 8)));
-                _mm256_storeu_si256((__m256i *)(l + k), _mm512_cvtepi16_epi8(v));
+                _mm256_storeu_si256((__m256i *)(J->xh + at), _mm512_cvtepi16_epi8(_mm512_srai_epi16(v, 8)));
+                _mm256_storeu_si256((__m256i *)(J->xl + at), _mm512_cvtepi16_epi8(v));
             }
-            for (; k < b - a; k++) h[k] = (int8_t)(src[k] >> 8), l[k] = (uint8_t)src[k];
+            for (; k < b - a; k++) {
+                const int64_t at = amx_packed_at(i, g * J->gs + k, w);
+                J->xh[at] = (int8_t)(src[k] >> 8), J->xl[at] = (uint8_t)src[k];
+            }
         }
 }
 

@@ -24,7 +24,7 @@
 struct amx_args {
     const struct i8_args *A;
     int64_t gs, kpa, kpoa, tp; /* channels per padded group; padded widths (normal, outliers); tokens padded to 32 */
-    const int8_t *xa, *xoa;    /* [tp, kpa], [tp, kpoa] */
+    const int8_t *xa, *xoa;    /* packed A tiles (amx_packed_at) of widths kpa, kpoa */
     int direct;                /* INT8 panels whose groups are whole tile steps: read in place */
 };
 
@@ -81,7 +81,7 @@ static void amx_item(const void *ctx, int64_t item) {
                     for (int pr = 0; pr < npair; pr++) {
                         const int nv = np - 2 * pr < 2 ? np - 2 * pr : 2;
                         int32_t(*keep)[2][256] = cbuf[(si - s0) * npair + pr];
-                        amx_products(x + si * 32 * xs, xs, b + 2 * pr, nv, kb, ke, kb == c0 ? NULL : keep,
+                        amx_products(amx_a_packed(x + si * 32 * xs, xs), b + 2 * pr, nv, kb, ke, kb == c0 ? NULL : keep,
                                      ke == c1 ? cb : keep, 0);
                         if (ke != c1) continue;
                         const int64_t i0 = si * 32;
@@ -110,8 +110,10 @@ static void amx_item(const void *ctx, int64_t item) {
     _tile_release();
 }
 
-/* x [t, kp] -> xa [tp, ng * gs]: each group on whole tile steps, zero padded (tokens t.. zero too);
- * one item per 32 tokens of tp. */
+/* x [t, kp] -> xa, packed A tiles: [tp / 16][w / 64][16 tokens][64 channels] with w = ng * gs,
+ * each group on whole tile steps, zero padded (tokens t.. zero too); one item per 32 tokens of tp.
+ * Every tile load then reads 1 KB of consecutive memory instead of 16 rows w bytes apart (with w a
+ * multiple of 4096 those rows share one L1 set). */
 struct rows_job {
     const int8_t *x;
     int64_t t, kp, group, ng, gs;
@@ -124,8 +126,10 @@ static void amx_rows_item(const void *ctx, int64_t item) {
     memset(J->xa + item * 32 * w, 0, (size_t)(32 * w));
     for (int64_t i = item * 32; i < J->t && i < item * 32 + 32; i++)
         for (int64_t g = 0; g < J->ng; g++) {
-            int64_t a = g * J->group, b = a + J->group < J->kp ? a + J->group : J->kp;
-            memcpy(J->xa + i * w + g * J->gs, J->x + i * J->kp + a, (size_t)(b - a));
+            const int64_t a = g * J->group, b = a + J->group < J->kp ? a + J->group : J->kp;
+            for (int64_t k = a; k < b; k += AK) /* groups start on tile steps: a step's run is consecutive */
+                memcpy(J->xa + amx_packed_at(i, g * J->gs + k - a, w), J->x + i * J->kp + k,
+                       (size_t)(b - k < AK ? b - k : AK));
         }
 }
 
