@@ -162,3 +162,18 @@ def test_many_bf16_tokens_run_the_bf16_matmul(kind, monkeypatch):
     assert torch.equal(a16_gemm.run(x.float(), st), run_gemv(x.float(), gemv))  # float32: exact path
     with pytest.raises(ValueError, match="320"):
         a16_gemm.run(torch.randn(t, 300).bfloat16(), st)
+
+
+def test_int16_codes_near_half_integers_equal_the_portable_build():
+    """int16 activation codes of values within ulps of rounding boundaries (where a product by 1/s
+    would round differently than the division): the portable build's bits, and the GEMV's."""
+    from tests.kernels.cpu.test_act_sym import near_half_integers, product_rounds_differently
+
+    x, step = near_half_integers(9, 4 * 128, 32767, seed=5)
+    x[:, ::128] = 32767 * step  # each group's absmax: s = 32767 step / 32767, step within an ulp
+    assert product_rounds_differently(x, x[:, :1] / 32767) > 0
+    p = _asymmetric(48, 512, 128, seed=3)
+    gemm = w4a16.prepare(p, "gemm")
+    y = a16_gemm.run(x, gemm, lib=_portable())
+    assert torch.equal(a16_gemm.run(x, gemm), y)
+    assert torch.equal(w4a16.run(x, w4a16.prepare(p, "native")), y)  # the GEMV's own library

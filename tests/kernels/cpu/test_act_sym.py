@@ -160,3 +160,40 @@ def test_int_mm_rescale_refuses_a_wrong_product():
         w8_gemv.rescale(torch.zeros(4, 20, dtype=torch.int32), torch.ones(4, 1), w)
     with pytest.raises(ValueError, match="int32"):
         w8_gemv.rescale(torch.zeros(4, 48), torch.ones(4, 1), w)
+
+
+def near_half_integers(t: int, n: int, span: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x [t, n], step [t, 1]): x / step within 3 ulps of half-integers m + 1/2, |m + 1/2| < span, for
+    steps spread over 12 decades; there x * (1 / step) and x / step can round to different codes."""
+    g = torch.Generator().manual_seed(seed)
+    step = 10 ** (torch.rand(t, 1, generator=g) * 12 - 6)
+    x = (torch.randint(-span, span - 1, (t, n), generator=g).float() + 0.5) * step
+    nudge = torch.randint(-3, 4, (t, n), generator=g)
+    for k in range(3):
+        x = torch.where(nudge > k, torch.nextafter(x, torch.tensor(float("inf"))), x)
+        x = torch.where(nudge < -k, torch.nextafter(x, torch.tensor(-float("inf"))), x)
+    return x, step
+
+
+def product_rounds_differently(x: torch.Tensor, step: torch.Tensor) -> int:
+    """How many values' codes a product by the reciprocal would get wrong (the cases the kernels
+    must divide)."""
+    return int((torch.round(x * (1 / step)) != torch.round(x / step)).sum())
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_codes_near_half_integers_are_the_division(bits):
+    """Values made to lie within ulps of rounding boundaries, where a product by 1/s (a tempting
+    speed-up: it was tried and gained nothing) rounds differently than the division: torch's bits."""
+    from lowbit.kernels.cpu import i8_gemm
+
+    lo = 2 ** (bits - 1)
+    x, step = near_half_integers(64, 255, lo, seed=bits)
+    x = torch.cat([-lo * step, x], 1)  # the absmax, negative: s = (-lo * step) / -lo = step exactly
+    assert product_rounds_differently(x, step) > 0
+    act = ActSpec(bits, 0, 1.0)
+    ref, xq = _torch_codes(x, act, 0, 256, 256)
+    for fn in (w4_gemv.library().w4_act_sym, i8_gemm.library().i8_act_sym):
+        c = act_sym.symmetric_codes(fn, x, 0, 256, 1, 256, bits, 1.0)
+        assert torch.equal(c.scale, ref.scale)
+        assert torch.equal(c.xq, xq)
