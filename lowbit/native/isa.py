@@ -3,7 +3,8 @@
 What a variant changes today: AVX2 vectorises every kernel; the VNNI variants (AVX-VNNI on
 AVX2-only cores, AVX512-VNNI) fuse each int16 multiply-add and its accumulation into one
 ``vpdpwssd`` (the same integers); AVX-512 and BF16 let the compiler use them where it can; AMX
-runs the batched W8A8 / W4A4 kernel (``csrc/i8_gemm.c``) on int8 tiles from 8 / 48 tokens on.
+runs the batched kernels on int8 tiles (W8A8 / W4A4 from 8 / 48 tokens, the A16 kinds' exact path
+from 8) and bfloat16 A16 calls of many tokens on bfloat16 tiles.
 
 Each variant is a set of compiler target flags, so every variant compiles on every x86-64 machine
 (the compiler does not need the instructions it emits; ``tests/native/test_isa.py`` builds them
@@ -51,7 +52,7 @@ VARIANTS = (  # narrowest first
     _AVX512,
     _AVX512VNNI,
     _AVX512BF16,
-    _AVX512BF16.plus("amx", (("-mamx-tile", "amx_tile"), ("-mamx-int8", "amx_int8"))),
+    _AVX512BF16.plus("amx", (("-mamx-tile", "amx_tile"), ("-mamx-int8", "amx_int8"), ("-mamx-bf16", "amx_bf16"))),
 )
 BY_NAME = {v.name: v for v in VARIANTS}
 

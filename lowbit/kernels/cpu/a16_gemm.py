@@ -2,9 +2,11 @@
 arithmetic (:mod:`.w4_gemv`, :mod:`.w8_gemv`) over register tiles of 4 tokens x 32 rows (AVX-512;
 3 x 8 with AVX2), each weight vector unpacked once per tile instead of once per token and row;
 from 8 tokens on AMX CPUs, int8 tiles over each int16 code's two bytes (``csrc/a16_amx.h``).
-Prefill-sized bfloat16 calls on CPUs that multiply bfloat16 in hardware run torch's bfloat16
-matmul on the weight unpacked once (:func:`run`), as GPU W4A16 kernels and llama.cpp's batched
-path do: a token's bits then depend on whether its call crosses :data:`BF16_MIN_TOKENS`.
+bfloat16 calls of many tokens multiply the weight unpacked to bfloat16, as GPU W4A16 kernels and
+llama.cpp's batched path do: on AMX-BF16 CPUs in C on bfloat16 tiles (``csrc/a16_amx_bf16.h``,
+:data:`AMX_BF16_TOKENS`), and from :data:`BF16_MIN_TOKENS` (or the tiles' upper end) with torch's
+bfloat16 matmul on CPUs that have one (:func:`run`): a token's bits then depend on its call's
+size.
 
 Activations are rounded to int16 per group exactly as the GEMVs round them, and each (token, row,
 group) product is the same exact int32 with the same float32 steps, so the results are the GEMVs'
@@ -34,6 +36,13 @@ PORTABLE_FLAGS = ("-O3", "-DPANEL_NO_SIMD")
 # (AMX Xeon, 2 threads, interleaved medians: 4096² 7.9 against 9.7 ms at 128 tokens for W4A16, 10.1
 # against 10.4 ms at 256 for W8A16, which ties at 128; 3072x576 alike)
 BF16_MIN_TOKENS = {True: 128, False: 256}
+# bfloat16 calls of [lo, hi) tokens, W4A16 / W8A16, run on AMX-BF16 tiles where the build has them
+# (amx_bf16), and from hi on the bfloat16 matmul. Side by side, 1 thread, AMX Xeon, the default
+# model's four shapes and 4096² (docs/measurements/a16_bf16_tiles_xeon_amx_1thread_2026-12-03.json):
+# W4A16 g64 1.09-1.90x the path before from 32 to 256 tokens (4096² up to 4.4x), 0.77-1.03x at 511
+# on the 576-wide shapes; W8A16's exact int8 tiles stay ahead below 128 tokens (0.59-0.92x at 32-64),
+# the bfloat16 tiles 1.07-1.61x from 128 to 256
+AMX_BF16_TOKENS = {True: (32, 384), False: (128, 384)}
 W8_BLOCK = 256  # W8A16's activation blocks, as the 8-bit GEMV's (its int32 sums cannot overflow)
 
 
@@ -43,6 +52,9 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.a16_gemm_linear.restype = ci
     lib.a16_gemm_simd.restype = ci
     lib.a16_gemm_amx.restype = ci
+    lib.a16_gemm_amx_bf16.restype = ci
+    lib.a16_gemm_bf16_linear.argtypes = lib.a16_gemm_linear.argtypes
+    lib.a16_gemm_bf16_linear.restype = ci
     lib.a16_gemm_dequant.argtypes = [vp, ci, vp, vp, i64, i64, i64, i64, i64, i64, vp, ci]
     lib.a16_gemm_dequant.restype = None
 
@@ -65,6 +77,14 @@ def amx(lib: ctypes.CDLL | None = None) -> bool:
     two exact tile products per group, the same integers and so the same bits."""
     lib = lib or library()
     return lib is not None and bool(lib.a16_gemm_amx())
+
+
+def amx_bf16(lib: ctypes.CDLL | None = None) -> bool:
+    """Whether this build runs bfloat16 calls of :data:`AMX_BF16_MIN_TOKENS` tokens or more on
+    AMX-BF16 tiles (``csrc/a16_amx_bf16.h``): the weight unpacked to bfloat16 per work item, the
+    activations multiplied as they are, float32 sums."""
+    lib = lib or library()
+    return lib is not None and bool(lib.a16_gemm_amx_bf16())
 
 
 @dataclass
@@ -143,14 +163,29 @@ def dequantize_bf16(w: A16Panels, lib: ctypes.CDLL | None = None) -> torch.Tenso
 
 def run(x: torch.Tensor, w: A16Panels, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """``x [..., in]`` (float32 or bfloat16; others are converted to float32) → ``[..., out]`` of
-    x's dtype (plus bias). Exact int16 arithmetic (the GEMVs' bits), except bfloat16 calls of
-    :data:`BF16_MIN_TOKENS` tokens or more on CPUs with bfloat16 matmuls, which multiply the
-    bfloat16 weight (:func:`dequantize_bf16`) with torch, as bfloat16 models do: per value the
-    weight's rounding to bfloat16 (2^-9 relative) instead of the activations' int16 one, float32
-    sums, so within 2^-8·Σ|x·w| + the output's rounding of the exact product (tested)."""
+    x's dtype (plus bias). Exact int16 arithmetic (the GEMVs' bits), except many-token bfloat16
+    calls, which multiply the bfloat16 weight (:func:`dequantize_bf16`'s values) as bfloat16 models
+    do: on AMX-BF16 tiles in C for :data:`AMX_BF16_TOKENS` where the build has them
+    (:func:`amx_bf16`), else with torch's bfloat16 matmul from :data:`BF16_MIN_TOKENS` (or the
+    tiles' upper end) on CPUs with bfloat16 matmuls. Per value the weight's rounding to bfloat16
+    (2^-9 relative) instead of the activations' int16 one, float32 sums: within 2^-8·Σ|x·w| +
+    2^-126·Σ|w| (the tiles read subnormal inputs as zero) + the output's rounding (tested)."""
     lib = _built(lib)
-    if (isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16 and x.numel() >= BF16_MIN_TOKENS[w.nibbles] * w.n_in
-            and bf16_matmul_native()):
+    bf16 = isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16
+    tiles = bf16 and amx_bf16(lib)
+    lo, hi = AMX_BF16_TOKENS[w.nibbles]
+    if tiles and lo * w.n_in <= x.numel() < hi * w.n_in:
+        a16_linear.check_input(x, w.n_in, "a16 gemm kernel")
+        x = x.contiguous()
+        y = torch.empty(*x.shape[:-1], w.args[4], dtype=torch.bfloat16)
+        rc = lib.a16_gemm_bf16_linear(*w.args, x.data_ptr(), 1, x.numel() // w.n_in, y.data_ptr(), 1,
+                                      torch.get_num_threads())
+        if rc:
+            raise MemoryError("a16 gemm kernel: out of memory for its bfloat16 tiles") if rc < 0 else KernelError(
+                "a16 gemm kernel: the AMX-BF16 tiles it reported could not run")
+        y = y[..., :w.out] if w.args[4] != w.out else y
+        return y + w.bias.to(y.dtype) if w.bias is not None else y
+    if bf16 and x.numel() >= (hi if tiles else BF16_MIN_TOKENS[w.nibbles]) * w.n_in and bf16_matmul_native():
         a16_linear.check_input(x, w.n_in, "a16 gemm kernel")  # below the threshold `call` checks
         y = F.linear(x, dequantize_bf16(w, lib))
         return y + w.bias.to(y.dtype) if w.bias is not None else y

@@ -93,7 +93,7 @@ static inline void dequant_vector(uint16_t *d, int64_t ld, __m512i raw, int nibb
 /* One panel of 16 rows, every group. */
 static void dequant_item(const void *ctx, int64_t item) {
     const struct dequant_job *J = ctx;
-    const int64_t r0 = item * PANEL, step = J->nibbles ? 8 : 4, ld = DQ_LD(J->kp);
+    const int64_t r0 = item * PANEL, ld = DQ_LD(J->kp);
     if (PANEL * ld > dq_cap) {
         free(dq_buf);
         dq_buf = malloc((size_t)(PANEL * ld) * sizeof(uint16_t));
@@ -106,7 +106,7 @@ static void dequant_item(const void *ctx, int64_t item) {
         const int64_t a = g * J->group, b = a + J->group < J->kp ? a + J->group : J->kp, e = b < J->n ? b : J->n;
         int64_t k = a;
 #if PANEL_SIMD == 512
-        const int64_t q = (item * J->ng + g) * PANEL;
+        const int64_t q = (item * J->ng + g) * PANEL, step = J->nibbles ? 8 : 4;
         __m512i zq[4];
         __m512 sq[4];
         dequant_spread(_mm512_loadu_si512((const void *)(J->zw + q)), _mm512_loadu_ps(J->sw + q), zq, sq);

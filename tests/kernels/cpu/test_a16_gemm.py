@@ -139,11 +139,12 @@ def test_weight_as_bf16_is_torchs_rounding(kind, out, n, group):
 
 @pytest.mark.parametrize("kind", ["w4", "w8"])
 def test_many_bf16_tokens_run_the_bf16_matmul(kind, monkeypatch):
-    """From BF16_MIN_TOKENS bfloat16 tokens (on CPUs with bfloat16 matmuls; forced here, the path
-    runs anywhere) the call is torch's bfloat16 linear on the unpacked weight, bit for bit, and
-    within 2^-8·Σ|x·w| + the bfloat16 output's rounding of the float64 product; below it, and for
-    float32 activations, the exact int16 path (the GEMVs' bits)."""
+    """From BF16_MIN_TOKENS bfloat16 tokens (on CPUs with bfloat16 matmuls and no AMX-BF16 tiles;
+    forced here, the path runs anywhere) the call is torch's bfloat16 linear on the unpacked weight,
+    bit for bit, and within 2^-8·Σ|x·w| + the bfloat16 output's rounding of the float64 product;
+    below it, and for float32 activations, the exact int16 path (the GEMVs' bits)."""
     monkeypatch.setattr(a16_gemm, "bf16_matmul_native", lambda: True)
+    monkeypatch.setattr(a16_gemm, "amx_bf16", lambda lib=None: False)
     torch.manual_seed(7)
     p = from_float(torch.randn(48, 320), "w4a16" if kind == "w4" else "w8a16", group=64, bias=torch.randn(48))
     st = a16_gemm.prepare_w4(p) if kind == "w4" else w8a16.prepare(p, "gemm")
@@ -162,6 +163,65 @@ def test_many_bf16_tokens_run_the_bf16_matmul(kind, monkeypatch):
     assert torch.equal(a16_gemm.run(x.float(), st), run_gemv(x.float(), gemv))  # float32: exact path
     with pytest.raises(ValueError, match="320"):
         a16_gemm.run(torch.randn(t, 300).bfloat16(), st)
+
+
+def _bf16_bound(x, wd, exact):
+    """2^-8·Σ|x·w| + 2^-126·Σ|w| + half a bfloat16 ulp of the exact value (float64 tensors)."""
+    ulp_half = 2.0 ** (torch.floor(torch.log2(exact.abs().clamp_min(2.0**-126))) - 8)
+    return 2.0**-8 * (x.abs() @ wd.abs().T) + 2.0**-126 * wd.abs().sum(1) + ulp_half
+
+
+@pytest.mark.skipif(not a16_gemm.amx_bf16(), reason="no AMX-BF16 tiles in this CPU's build")
+@pytest.mark.parametrize("kind,out,n,group", [("w4", 37, 333, 64), ("w4z", 50, 640, 64), ("w4", 64, 1024, 128),
+                                              ("w4", 48, 320, 0), ("w8", 40, 600, 0), ("w8", 33, 96, 0)])
+def test_bf16_calls_of_many_tokens_run_on_bf16_tiles(kind, out, n, group, monkeypatch):
+    """bfloat16 calls of AMX_BF16_TOKENS tokens multiply the unpacked bfloat16 weight on AMX-BF16
+    tiles: within 2^-8·Σ|x·w| + 2^-126·Σ|w| + the output's rounding of the float64 product of the
+    same bfloat16 values, at the tiles' edges (32 tokens a block, 16 rows a panel, 32 channels a
+    step, 8 steps a cache block), with bias and [..., in] shapes; one token fewer than the range,
+    and float32 calls, keep the exact int16 path (the GEMVs' bits); NaN/Inf spread as in a float
+    linear. And 1 thread or 2, the same bits (each output is one tile's sums in one order)."""
+    torch.manual_seed(out + n)
+    if kind == "w8":
+        p = from_float(torch.randn(out, n), "w8a16", bias=torch.randn(out))
+        st, gemv, run_gemv = w8a16.prepare(p, "gemm"), w8a16.prepare(p, "native"), w8a16.run
+    else:
+        p = _asymmetric(out, n, group or n, seed=out) if kind == "w4z" else from_float(
+            torch.randn(out, n), "w4a16", group=group, bias=torch.randn(out))
+        st, gemv, run_gemv = a16_gemm.prepare_w4(p), w4a16.prepare(p, "native"), w4a16.run
+    wd = a16_gemm.dequantize_bf16(st).double()
+    lo, hi = a16_gemm.AMX_BF16_TOKENS[kind != "w8"]
+    for t in (lo, lo + 1, lo + 15, lo + 38, hi - 1):
+        x = (torch.randn(t, n) * torch.linspace(0.01, 10, n)).bfloat16()
+        y = a16_gemm.run(x, st)
+        assert y.dtype == torch.bfloat16 and y.shape == (t, out)
+        exact = x.double() @ wd.T
+        ref = exact + (p.bias.bfloat16().double() if p.bias is not None else 0.0)
+        assert ((y.double() - ref).abs() <= _bf16_bound(x.double(), wd, exact) + 2.0**-8 * ref.abs()).all()  # + bias rounding
+        assert torch.equal(a16_gemm.run(x.reshape(1, t, n), st), y.reshape(1, t, out))
+    x = (torch.randn(lo, n) * 3).bfloat16()
+    assert torch.equal(a16_gemm.run(x[:-1], st), run_gemv(x[:-1], gemv))  # below the range: exact path
+    assert torch.equal(a16_gemm.run(x.float(), st), run_gemv(x.float(), gemv))  # float32: exact path
+    assert_same_for_thread_counts(lambda: a16_gemm.run(x, st), a16_gemm.run(x, st))
+    bad = x.clone()
+    bad[3, 5], bad[9, 0] = float("nan"), float("inf")
+    y = a16_gemm.run(bad, st)
+    assert torch.isnan(y[3]).all() and not torch.isfinite(y[9]).any() and torch.isfinite(y[[0, 1, 2, 4]]).all()
+
+
+@pytest.mark.skipif(not a16_gemm.amx_bf16(), reason="no AMX-BF16 tiles in this CPU's build")
+def test_bf16_tiles_read_subnormal_activations_as_zero_within_the_bound():
+    """Activations below bfloat16's normal range (AMX-BF16 reads them as zero): within the stated
+    2^-126·Σ|w| term, and exactly 0 where every activation of a token is subnormal."""
+    p = from_float(torch.randn(32, 256), "w4a16", group=64)
+    st = a16_gemm.prepare_w4(p)
+    wd = a16_gemm.dequantize_bf16(st).double()
+    x = torch.full((a16_gemm.AMX_BF16_TOKENS[True][0], 256), 2.0**-130).bfloat16()
+    x[1] = torch.randn(256).bfloat16()
+    y = a16_gemm.run(x, st).double()
+    exact = x.double() @ wd.T
+    assert ((y - exact).abs() <= _bf16_bound(x.double(), wd, exact)).all()
+    assert (y[0] == 0).all()
 
 
 def test_int16_codes_near_half_integers_equal_the_portable_build():

@@ -1,0 +1,175 @@
+/* AMX-BF16 tiles for bfloat16 calls of the batched W4A16 / W8A16 kernel (included by a16_gemm.c
+ * after a16_dequant.h, whose per-quarter unpacking it uses). Defines A16_AMX_BF16 (1 where the
+ * build has AMX-BF16), and then a16_bf16_run().
+ *
+ * The int16 tiles (a16_amx.h) keep the GEMVs' bits but pay, per group of 64-128 channels, two tile
+ * products and a store and rescale of every int32 tile; on many tokens that costs more than the
+ * CPU's own bfloat16 matmul. Here each work item unpacks its rows once per call into bfloat16
+ * B tiles, w = bf16((u - z) * s) as a16_dequant.h (torch's rounding), in the pair-interleaved order
+ * TDPBF16PS reads, and multiplies the caller's bfloat16 activations as they are: float32 sums over
+ * the whole row in the tiles, no rescale, one store per 32 tokens x 32 rows. The same arithmetic
+ * as torch's bfloat16 linear on the unpacked weight (products exact in float32, float32 sums in
+ * another order; AMX-BF16 reads subnormal bfloat16 inputs as zero), so within that path's bound:
+ * 2^-8 sum|x w| + 2^-126 sum|w| + the output's rounding (tested). */
+#ifndef LOWBIT_A16_AMX_BF16_H
+#define LOWBIT_A16_AMX_BF16_H
+#include "amx_tiles.h"
+#if AMX_TILES && defined(__AMX_BF16__)
+#include <stdatomic.h>
+#define A16_AMX_BF16 1
+#define BK 32 /* channels per bfloat16 tile step: 16 rows of 64 bytes */
+
+struct bf16_args {
+    const struct a16_weight *W;
+    int64_t t, tp, steps; /* tokens, padded to 32; tile steps over kp */
+    const uint8_t *xa;    /* packed A tiles (amx_packed_at over 2 kp bytes a token) */
+    uint16_t *y;          /* [t, out] bfloat16 */
+    _Atomic int failed;   /* an item found no memory for its tiles */
+};
+
+/* 16 rows x 4 channels c..c+3 of codes (the INT8 panels' layout) -> the B tile rows of channel pairs
+ * (c, c + 1) and (c + 2, c + 3): per row one 32-bit lane of two bfloat16. The float32 values are
+ * a16_dequant.h's; VCVTNE2PS2BF16 rounds them to nearest even as torch does, except that it reads
+ * a subnormal float32 as zero, which TDPBF16PS does with a subnormal bfloat16 anyway. */
+static inline void bf16_pairs(uint8_t *tiles, int64_t c, __m512i codes, const __m512i zq[4], const __m512 sq[4]) {
+    __m512 f[4]; /* rows 4j .. 4j + 3 x 4 channels */
+    for (int j = 0; j < 4; j++)
+        f[j] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(quarter_of(codes, j)), zq[j])), sq[j]);
+    /* 32-bit lane 2 r + h of lo: row r (0-7), pair h; of hi: row 8 + r */
+    const __m512i lo = (__m512i)_mm512_cvtne2ps_pbh(f[1], f[0]), hi = (__m512i)_mm512_cvtne2ps_pbh(f[3], f[2]);
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    uint8_t *row = tiles + c / BK * 1024 + c % BK / 2 * 64;
+    _mm512_storeu_si512((void *)row, _mm512_permutex2var_epi32(lo, even, hi));
+    _mm512_storeu_si512((void *)(row + 64), _mm512_permutex2var_epi32(lo, odd, hi));
+}
+
+/* Panel rows r0 .. r0 + 15, every channel of kp, as bfloat16 B tiles [kp / BK][16 pairs][16 rows]. */
+static void bf16_fill(uint8_t *tiles, const struct a16_weight *W, int64_t r0) {
+    for (int64_t g = 0; g < W->ng; g++) {
+        const int64_t a = g * W->group, b = a + W->group < W->kp ? a + W->group : W->kp, q = ((r0 / PANEL) * W->ng + g) * PANEL;
+        __m512i zq[4];
+        __m512 sq[4];
+        dequant_spread(_mm512_loadu_si512((const void *)(W->zw + q)), _mm512_loadu_ps(W->sw + q), zq, sq);
+        for (int64_t k = a; k < b; k += W->nibbles ? 8 : 4) { /* groups hold whole panel vectors (a16_gemm.py) */
+            const __m512i raw = _mm512_loadu_si512((const void *)(W->w + panel_at(r0, k, W->kp, W->nibbles)));
+            if (W->nibbles) {
+                bf16_pairs(tiles, k, VMASK4(raw), zq, sq);
+                bf16_pairs(tiles, k + 4, VSHR4(raw), zq, sq);
+            } else {
+                bf16_pairs(tiles, k, raw, zq, sq);
+            }
+        }
+    }
+}
+
+#ifndef BF16_KB
+#define BF16_KB 8 /* tile steps per cache block: the block's B tiles of 64 rows (32 KB) stay in L1 over every token */
+#endif
+
+static void bf16_item(const void *ctx, int64_t item) {
+    struct bf16_args *M = (struct bf16_args *)ctx; /* only `failed` is written, atomically */
+    const struct a16_weight *W = M->W;
+    const int64_t r0 = item * AMX_ROWS, pb = M->steps * 1024, ns = M->tp / 32;
+    const int np = (W->out - r0) / PANEL < AMX_ROWS / PANEL ? (int)((W->out - r0) / PANEL) : AMX_ROWS / PANEL;
+    const int npair = (np + 1) / 2;
+    const int64_t keep_bytes = M->steps > BF16_KB ? ns * npair * 4096 : 0;
+    uint8_t *tiles = amx_memory(np * pb + keep_bytes + 64);
+    if (!tiles) {
+        atomic_store(&M->failed, 1);
+        return;
+    }
+    float(*keep)[4][256] = (void *)(tiles + np * pb); /* [ns * npair]: the float32 tiles between cache blocks */
+    for (int p = 0; p < np; p++) bf16_fill(tiles + p * pb, W, r0 + p * PANEL);
+    amx_config();
+    float cb[2][2][256] __attribute__((aligned(64))); /* [token half][panel][16 tokens x 16 rows] */
+    for (int64_t kb = 0; kb < M->steps; kb += BF16_KB) {
+        const int64_t ke = kb + BF16_KB < M->steps ? kb + BF16_KB : M->steps;
+        for (int64_t s = 0; s < ns; s++) {
+            const uint8_t *a0 = M->xa + 2 * s * pb, *a1 = a0 + pb; /* tokens 32 s .. + 15, + 16 .. + 31 */
+            for (int pr = 0; pr < npair; pr++) {
+                const int nv = np - 2 * pr < 2 ? np - 2 * pr : 2;
+                const uint8_t *b0 = tiles + 2 * pr * pb, *b1 = b0 + pb;
+                float(*k4)[256] = keep_bytes ? keep[s * npair + pr] : NULL;
+                if (kb == 0) {
+                    _tile_zero(0);
+                    _tile_zero(1);
+                    _tile_zero(2);
+                    _tile_zero(3);
+                } else {
+                    _tile_loadd(0, k4[0], 64);
+                    _tile_loadd(1, k4[1], 64);
+                    _tile_loadd(2, k4[2], 64);
+                    _tile_loadd(3, k4[3], 64);
+                }
+                for (int64_t st = kb; st < ke; st++) {
+                    _tile_loadd(4, a0 + st * 1024, 64);
+                    _tile_loadd(5, a1 + st * 1024, 64);
+                    _tile_loadd(6, b0 + st * 1024, 64);
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_dpbf16ps(1, 5, 6);
+                    if (nv == 2) {
+                        _tile_loadd(7, b1 + st * 1024, 64);
+                        _tile_dpbf16ps(2, 4, 7);
+                        _tile_dpbf16ps(3, 5, 7);
+                    }
+                }
+                if (ke < M->steps) {
+                    _tile_stored(0, k4[0], 64);
+                    _tile_stored(1, k4[1], 64);
+                    _tile_stored(2, k4[2], 64);
+                    _tile_stored(3, k4[3], 64);
+                    continue;
+                }
+                _tile_stored(0, cb[0][0], 64);
+                _tile_stored(1, cb[1][0], 64);
+                if (nv == 2) {
+                    _tile_stored(2, cb[0][1], 64);
+                    _tile_stored(3, cb[1][1], 64);
+                }
+                const int mr = M->t - 32 * s < 32 ? (int)(M->t - 32 * s) : 32;
+                for (int m = 0; m < mr; m++)
+                    for (int v = 0; v < nv; v++)
+                        f32_to_bf16_row(M->y + (32 * s + m) * W->out + r0 + (2 * pr + v) * PANEL,
+                                        cb[m / 16][v] + m % 16 * 16, PANEL);
+            }
+        }
+    }
+    _tile_release();
+}
+
+/* x [t, k] bfloat16 -> packed A tiles of 2 kp bytes a token (channels k.. and tokens t.. zero); one
+ * item per 32 tokens. */
+struct bf16_pack_job {
+    const uint16_t *x;
+    int64_t t, k, kp;
+    uint8_t *xa;
+};
+
+static void bf16_pack_item(const void *ctx, int64_t item) {
+    const struct bf16_pack_job *J = ctx;
+    const int64_t w = 2 * J->kp;
+    memset(J->xa + item * 32 * w, 0, (size_t)(32 * w));
+    for (int64_t i = item * 32; i < J->t && i < item * 32 + 32; i++)
+        for (int64_t c = 0; c < J->k; c += BK)
+            memcpy(J->xa + amx_packed_at(i, 2 * c, w), J->x + i * J->k + c, (size_t)(J->k - c < BK ? J->k - c : BK) * 2);
+}
+
+/* One call on the bfloat16 tiles: y [t, out] bfloat16. 0 if it ran, 1 if it could not (no tile
+ * permission), -1 out of memory. */
+static int a16_bf16_run(const struct a16_weight *W, int64_t k, const uint16_t *x, int64_t t, uint16_t *y, int threads) {
+    if (!amx_ready()) return 1;
+    struct bf16_args M = {W, t, (t + 31) / 32 * 32, W->kp / BK, NULL, y, 0};
+    uint8_t *xa = malloc((size_t)(M.tp * 2 * W->kp) + 64);
+    if (!xa) return -1;
+    struct bf16_pack_job P = {x, t, k, W->kp, xa};
+    pool_run(bf16_pack_item, &P, M.tp / 32, threads);
+    M.xa = xa;
+    pool_run(bf16_item, &M, (W->out + AMX_ROWS - 1) / AMX_ROWS, threads);
+    free(xa);
+    return atomic_load(&M.failed) ? -1 : 0;
+}
+#else
+#define A16_AMX_BF16 0
+#endif
+#endif
