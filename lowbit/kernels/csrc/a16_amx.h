@@ -124,13 +124,13 @@ static int a16_amx_run(const struct a16_args *A, int threads) {
     struct a16_amx_args M = {A, (A->group + AK - 1) / AK * AK, 0, (A->t + 31) / 32 * 32, NULL, NULL, 0};
     M.kpa = A->ng * M.gs;
     M.direct = !A->nibbles && M.gs == A->group && A->kp % AK == 0;
-    int8_t *xh = malloc((size_t)(2 * M.tp * M.kpa) + 64);
+    int8_t *xh = (int8_t *)amx_act_memory(2 * M.tp * M.kpa + 64);
     if (!xh) return 1;
     struct a16_split_job S = {A->x, A->t, A->kp, A->group, A->ng, M.gs, xh, (uint8_t *)xh + M.tp * M.kpa};
     pool_run(a16_split_item, &S, M.tp / 32, threads);
     M.xh = S.xh, M.xl = S.xl;
     pool_run(a16_amx_item, &M, (A->out + AMX_ROWS - 1) / AMX_ROWS, threads);
-    free(xh);
+    amx_act_release((uint8_t *)xh);
     return 0;
 }
 #else

@@ -149,10 +149,10 @@ struct bf16_pack_job {
 static void bf16_pack_item(const void *ctx, int64_t item) {
     const struct bf16_pack_job *J = ctx;
     const int64_t w = 2 * J->kp;
-    memset(J->xa + item * 32 * w, 0, (size_t)(32 * w));
-    for (int64_t i = item * 32; i < J->t && i < item * 32 + 32; i++)
-        for (int64_t c = 0; c < J->k; c += BK)
-            memcpy(J->xa + amx_packed_at(i, 2 * c, w), J->x + i * J->k + c, (size_t)(J->k - c < BK ? J->k - c : BK) * 2);
+    for (int64_t i = item * 32; i < item * 32 + 32; i++)
+        for (int64_t c = 0; c < J->kp; c += BK) /* each tile row: its values, zero after (every byte written) */
+            amx_pack_row(J->xa + amx_packed_at(i, 2 * c, w), J->x + i * J->k + c,
+                         i < J->t && c < J->k ? 2 * (J->k - c < BK ? J->k - c : BK) : 0);
 }
 
 /* One call on the bfloat16 tiles: y [t, out] bfloat16. 0 if it ran, 1 if it could not (no tile
@@ -160,13 +160,13 @@ static void bf16_pack_item(const void *ctx, int64_t item) {
 static int a16_bf16_run(const struct a16_weight *W, int64_t k, const uint16_t *x, int64_t t, uint16_t *y, int threads) {
     if (!amx_ready()) return 1;
     struct bf16_args M = {W, t, (t + 31) / 32 * 32, W->kp / BK, NULL, y, 0};
-    uint8_t *xa = malloc((size_t)(M.tp * 2 * W->kp) + 64);
+    uint8_t *xa = amx_act_memory(M.tp * 2 * W->kp + 64);
     if (!xa) return -1;
     struct bf16_pack_job P = {x, t, k, W->kp, xa};
     pool_run(bf16_pack_item, &P, M.tp / 32, threads);
     M.xa = xa;
     pool_run(bf16_item, &M, (W->out + AMX_ROWS - 1) / AMX_ROWS, threads);
-    free(xa);
+    amx_act_release(xa);
     return atomic_load(&M.failed) ? -1 : 0;
 }
 #else

@@ -140,6 +140,32 @@ static uint8_t *amx_memory(int64_t need) {
     }
     return amx_buf;
 }
+
+/* The calling thread's buffer for one call's packed activations, kept between calls up to
+ * AMX_ACT_KEEP bytes (a fresh allocation of that size is an mmap, whose pages fault in on every
+ * call: a tenth of a 512-token A16 call); larger calls get their own, which amx_act_release frees.
+ * Not amx_memory's: the calling thread also runs work items. NULL if it cannot be had. */
+#define AMX_ACT_KEEP ((int64_t)8 << 20)
+static __thread uint8_t *amx_act_buf;
+static __thread int64_t amx_act_cap;
+static uint8_t *amx_act_memory(int64_t need) {
+    if (need > AMX_ACT_KEEP) return aligned_alloc(64, (size_t)(need + 63) / 64 * 64);
+    if (need > amx_act_cap) {
+        free(amx_act_buf);
+        amx_act_buf = aligned_alloc(64, (size_t)(need + 63) / 64 * 64);
+        amx_act_cap = amx_act_buf ? need : 0;
+    }
+    return amx_act_buf;
+}
+static void amx_act_release(uint8_t *p) {
+    if (p != amx_act_buf) free(p);
+}
+
+/* One 64-byte row of a packed tile: the n (0..64) bytes at src, zero after them. */
+static inline void amx_pack_row(void *dst, const void *src, int64_t n) {
+    const __mmask64 m = n >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1);
+    _mm512_storeu_si512(dst, _mm512_maskz_loadu_epi8(m, src));
+}
 #else
 #define AMX_TILES 0
 #endif

@@ -111,7 +111,8 @@ static void amx_item(const void *ctx, int64_t item) {
 }
 
 /* x [t, kp] -> xa, packed A tiles: [tp / 16][w / 64][16 tokens][64 channels] with w = ng * gs,
- * each group on whole tile steps, zero padded (tokens t.. zero too); one item per 32 tokens of tp.
+ * each group on whole tile steps, zero padded (tokens t.. zero too; every byte written, no clearing
+ * pass); one item per 32 tokens of tp.
  * Every tile load then reads 1 KB of consecutive memory instead of 16 rows w bytes apart (with w a
  * multiple of 4096 those rows share one L1 set). */
 struct rows_job {
@@ -123,13 +124,12 @@ struct rows_job {
 static void amx_rows_item(const void *ctx, int64_t item) {
     const struct rows_job *J = ctx;
     const int64_t w = J->ng * J->gs;
-    memset(J->xa + item * 32 * w, 0, (size_t)(32 * w));
-    for (int64_t i = item * 32; i < J->t && i < item * 32 + 32; i++)
+    for (int64_t i = item * 32; i < item * 32 + 32; i++)
         for (int64_t g = 0; g < J->ng; g++) {
             const int64_t a = g * J->group, b = a + J->group < J->kp ? a + J->group : J->kp;
-            for (int64_t k = a; k < b; k += AK) /* groups start on tile steps: a step's run is consecutive */
-                memcpy(J->xa + amx_packed_at(i, g * J->gs + k - a, w), J->x + i * J->kp + k,
-                       (size_t)(b - k < AK ? b - k : AK));
+            for (int64_t c = 0; c < J->gs; c += AK) /* each tile row of the group: its codes, zero after */
+                amx_pack_row(J->xa + amx_packed_at(i, g * J->gs + c, w), J->x + i * J->kp + a + c,
+                             i < J->t && a + c < b ? (b - a - c < AK ? b - a - c : AK) : 0);
         }
 }
 
@@ -140,7 +140,7 @@ static int amx_run(const struct i8_args *A, int threads) {
                          (A->t + 31) / 32 * 32, NULL, NULL, 0};
     M.kpa = A->ng * M.gs;
     M.direct = !A->nibbles && M.gs == A->group && A->kp % AK == 0;
-    int8_t *xa = malloc((size_t)(M.tp * (M.kpa + M.kpoa)) + 64);
+    int8_t *xa = (int8_t *)amx_act_memory(M.tp * (M.kpa + M.kpoa) + 64);
     if (!xa) return 1;
     struct rows_job R = {A->x, A->t, A->kp, A->group, A->ng, M.gs, xa};
     pool_run(amx_rows_item, &R, M.tp / 32, threads);
@@ -150,7 +150,7 @@ static int amx_run(const struct i8_args *A, int threads) {
     }
     M.xa = xa, M.xoa = xa + M.tp * M.kpa;
     pool_run(amx_item, &M, (A->out + AMX_ROWS - 1) / AMX_ROWS, threads);
-    free(xa);
+    amx_act_release((uint8_t *)xa);
     return 0;
 }
 #else
