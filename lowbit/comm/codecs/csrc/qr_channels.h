@@ -17,7 +17,53 @@
             (x)[j_ + (H)] = a_ - c_;                                                               \
         }
 
+#if defined(__AVX512F__) && !defined(QR_NO_SIMD)
+#include <immintrin.h>
+/* Stages of span 1, 2, 4 and 8 inside one vector of 16 values: each lane's partner (lane ^ h) by a
+ * permute; a lane whose bit h is clear keeps a + c (its value plus the partner's), one whose bit is
+ * set gets a - c (the partner's value minus its own): the scalar stage's operations, so its bits. */
+static inline __m512 fwht16(__m512 v) {
+    __m512 p = _mm512_permute_ps(v, 0xB1);
+    v = _mm512_mask_sub_ps(_mm512_add_ps(v, p), 0xAAAA, p, v);
+    p = _mm512_permute_ps(v, 0x4E);
+    v = _mm512_mask_sub_ps(_mm512_add_ps(v, p), 0xCCCC, p, v);
+    p = _mm512_shuffle_f32x4(v, v, 0xB1);
+    v = _mm512_mask_sub_ps(_mm512_add_ps(v, p), 0xF0F0, p, v);
+    p = _mm512_shuffle_f32x4(v, v, 0x4E);
+    return _mm512_mask_sub_ps(_mm512_add_ps(v, p), 0xFF00, p, v);
+}
+
+/* Blocks of 32 or 64 values in registers: fwht16 per vector, then the spans 16 and 32 between
+ * whole vectors, then the scale. 0 if the block is another size (the scalar loop runs). */
+static int fwht_blocks_512(float *v, int64_t m, int block, float scale) {
+    if (block != 32 && block != 64) return 0;
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (int64_t b = 0; b + block <= m; b += block) {
+        float *x = v + b;
+        __m512 r0 = fwht16(_mm512_loadu_ps(x)), r1 = fwht16(_mm512_loadu_ps(x + 16)), t;
+        t = r0, r0 = _mm512_add_ps(t, r1), r1 = _mm512_sub_ps(t, r1);
+        if (block == 64) {
+            __m512 r2 = fwht16(_mm512_loadu_ps(x + 32)), r3 = fwht16(_mm512_loadu_ps(x + 48));
+            t = r2, r2 = _mm512_add_ps(t, r3), r3 = _mm512_sub_ps(t, r3);
+            t = r0, r0 = _mm512_add_ps(t, r2), r2 = _mm512_sub_ps(t, r2);
+            t = r1, r1 = _mm512_add_ps(t, r3), r3 = _mm512_sub_ps(t, r3);
+            _mm512_storeu_ps(x + 32, _mm512_mul_ps(r2, sv));
+            _mm512_storeu_ps(x + 48, _mm512_mul_ps(r3, sv));
+        }
+        _mm512_storeu_ps(x, _mm512_mul_ps(r0, sv));
+        _mm512_storeu_ps(x + 16, _mm512_mul_ps(r1, sv));
+    }
+    return 1;
+}
+#else
+static int fwht_blocks_512(float *v, int64_t m, int block, float scale) {
+    (void)v, (void)m, (void)block, (void)scale;
+    return 0;
+}
+#endif
+
 static void fwht_blocks(float *v, int64_t m, int block, float scale) {
+    if (fwht_blocks_512(v, m, block, scale)) return;
     for (int64_t b = 0; b + block <= m; b += block) {
         float *x = v + b;
         if (block == 64) {
