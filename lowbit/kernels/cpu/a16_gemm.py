@@ -80,9 +80,9 @@ def amx(lib: ctypes.CDLL | None = None) -> bool:
 
 
 def amx_bf16(lib: ctypes.CDLL | None = None) -> bool:
-    """Whether this build runs bfloat16 calls of :data:`AMX_BF16_MIN_TOKENS` tokens or more on
-    AMX-BF16 tiles (``csrc/a16_amx_bf16.h``): the weight unpacked to bfloat16 per work item, the
-    activations multiplied as they are, float32 sums."""
+    """Whether this build runs bfloat16 calls of :data:`AMX_BF16_TOKENS` tokens on AMX-BF16 tiles
+    (``csrc/a16_amx_bf16.h``): the weight unpacked to bfloat16 per work item, the activations
+    multiplied as they are, float32 sums."""
     lib = lib or library()
     return lib is not None and bool(lib.a16_gemm_amx_bf16())
 
@@ -161,6 +161,21 @@ def dequantize_bf16(w: A16Panels, lib: ctypes.CDLL | None = None) -> torch.Tenso
     return dst
 
 
+def _bf16_tiles(x: torch.Tensor, w: A16Panels, lib: ctypes.CDLL) -> torch.Tensor:
+    """bfloat16 ``x [..., in]`` → bfloat16 ``[..., out]`` (plus bias) on the AMX-BF16 tiles."""
+    a16_linear.check_input(x, w.n_in, "a16 gemm kernel")
+    x = x.contiguous()
+    y = torch.empty(*x.shape[:-1], w.args[4], dtype=torch.bfloat16)
+    rc = lib.a16_gemm_bf16_linear(*w.args, x.data_ptr(), 1, x.numel() // w.n_in, y.data_ptr(), 1,
+                                  torch.get_num_threads())
+    if rc < 0:
+        raise MemoryError("a16 gemm kernel: out of memory for its bfloat16 tiles")
+    if rc:
+        raise KernelError("a16 gemm kernel: the AMX-BF16 tiles it reported could not run")
+    y = y[..., :w.out] if w.args[4] != w.out else y
+    return y + w.bias.to(y.dtype) if w.bias is not None else y
+
+
 def run(x: torch.Tensor, w: A16Panels, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """``x [..., in]`` (float32 or bfloat16; others are converted to float32) → ``[..., out]`` of
     x's dtype (plus bias). Exact int16 arithmetic (the GEMVs' bits), except many-token bfloat16
@@ -175,16 +190,7 @@ def run(x: torch.Tensor, w: A16Panels, lib: ctypes.CDLL | None = None) -> torch.
     tiles = bf16 and amx_bf16(lib)
     lo, hi = AMX_BF16_TOKENS[w.nibbles]
     if tiles and lo * w.n_in <= x.numel() < hi * w.n_in:
-        a16_linear.check_input(x, w.n_in, "a16 gemm kernel")
-        x = x.contiguous()
-        y = torch.empty(*x.shape[:-1], w.args[4], dtype=torch.bfloat16)
-        rc = lib.a16_gemm_bf16_linear(*w.args, x.data_ptr(), 1, x.numel() // w.n_in, y.data_ptr(), 1,
-                                      torch.get_num_threads())
-        if rc:
-            raise MemoryError("a16 gemm kernel: out of memory for its bfloat16 tiles") if rc < 0 else KernelError(
-                "a16 gemm kernel: the AMX-BF16 tiles it reported could not run")
-        y = y[..., :w.out] if w.args[4] != w.out else y
-        return y + w.bias.to(y.dtype) if w.bias is not None else y
+        return _bf16_tiles(x, w, lib)
     if bf16 and x.numel() >= (hi if tiles else BF16_MIN_TOKENS[w.nibbles]) * w.n_in and bf16_matmul_native():
         a16_linear.check_input(x, w.n_in, "a16 gemm kernel")  # below the threshold `call` checks
         y = F.linear(x, dequantize_bf16(w, lib))
