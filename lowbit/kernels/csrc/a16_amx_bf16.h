@@ -1,16 +1,16 @@
 /* AMX-BF16 tiles for bfloat16 calls of the batched W4A16 / W8A16 kernel (included by a16_gemm.c
- * after a16_dequant.h, whose per-quarter unpacking it uses). Defines A16_AMX_BF16 (1 where the
- * build has AMX-BF16), and then a16_bf16_run().
+ * after a16_dequant.h, whose per-quarter spreading of scales and zero points it uses). Defines
+ * A16_AMX_BF16 (1 where the build has AMX-BF16), and then a16_bf16_run().
  *
  * The int16 tiles (a16_amx.h) keep the GEMVs' bits but pay, per group of 64-128 channels, two tile
  * products and a store and rescale of every int32 tile; on many tokens that costs more than the
  * CPU's own bfloat16 matmul. Here each work item unpacks its rows once per call into bfloat16
- * B tiles, w = bf16((u - z) * s) as a16_dequant.h (torch's rounding), in the pair-interleaved order
- * TDPBF16PS reads, and multiplies the caller's bfloat16 activations as they are: float32 sums over
- * the whole row in the tiles, no rescale, one store per 32 tokens x 32 rows. The same arithmetic
- * as torch's bfloat16 linear on the unpacked weight (products exact in float32, float32 sums in
- * another order; AMX-BF16 reads subnormal bfloat16 inputs as zero), so within that path's bound:
- * 2^-8 sum|x w| + 2^-126 sum|w| + the output's rounding (tested). */
+ * B tiles, w = bf16((u - z) * s) (a16_dequant.h's values: torch's rounding, subnormals aside), in
+ * the pair-interleaved order TDPBF16PS reads, and multiplies the caller's bfloat16 activations as
+ * they are: float32 sums over the whole row in the tiles, no rescale, one store per 32 tokens x 32
+ * rows. The same arithmetic as torch's bfloat16 linear on the unpacked weight (products exact in
+ * float32, float32 sums in another order; AMX-BF16 reads subnormal bfloat16 inputs as zero), so
+ * within that path's bound: 2^-8 sum|x w| + 2^-126 sum|w| + the output's rounding (tested). */
 #ifndef LOWBIT_A16_AMX_BF16_H
 #define LOWBIT_A16_AMX_BF16_H
 #include "amx_tiles.h"
