@@ -187,8 +187,10 @@ def run(x: torch.Tensor, w: A16Panels, lib: ctypes.CDLL | None = None) -> torch.
     2^-126·Σ|w| (the tiles read subnormal inputs as zero) + the output's rounding (tested)."""
     lib = _built(lib)
     bf16 = isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16
-    tiles = bf16 and amx_bf16(lib)
     lo, hi = AMX_BF16_TOKENS[w.nibbles]
+    # asked only for calls that could take the tiles (below lo neither they nor the matmul run):
+    # a decode step's calls make no extra crossing into C
+    tiles = bf16 and x.numel() >= lo * w.n_in and amx_bf16(lib)
     if tiles and lo * w.n_in <= x.numel() < hi * w.n_in:
         return _bf16_tiles(x, w, lib)
     if bf16 and x.numel() >= (hi if tiles else BF16_MIN_TOKENS[w.nibbles]) * w.n_in and bf16_matmul_native():
