@@ -43,7 +43,7 @@ def run(args) -> int:
     enc, dec = (encode, decode) if args.impl == "auto" else (encode_torch, decode_torch)
     impl = "torch (vectorised)"
     if args.impl == "auto" and dev.type == "cpu" and native.available():
-        impl = "C (AVX2)" if native.simd() else "C (fused)"
+        impl = {512: "C (AVX-512)", 256: "C (AVX2)"}.get(native.simd_width(), "C (fused)")
     y = torch.empty_like(x)
     copy_s = _median_time(lambda: y.copy_(x), args.repeats, sync)
     copy_gbs = nbytes / copy_s / 1e9

@@ -3,8 +3,9 @@
 Built by :mod:`lowbit.native.cbuild` (``cc -O3 -march=native``, cached per sources, flags,
 compiler and CPU; loaded with ctypes). If the compiler rejects -march=native, plain -O3 is used;
 both builds write the same bits (tested). With AVX2 + F16C the kernel uses the intrinsics in
-``csrc/qr_avx2.h``. If no compiler is found, or LOWBIT_QR_NATIVE=0, ``available()`` is False and
-the vectorised torch code (``fast.py``) runs.
+``csrc/qr_avx2.h``, on AVX-512 builds also those in ``csrc/qr_avx512.h``. If no compiler is
+found, or LOWBIT_QR_NATIVE=0, ``available()`` is False and the vectorised torch code
+(``fast.py``) runs.
 """
 
 from __future__ import annotations
@@ -66,7 +67,12 @@ def available() -> bool:
 
 def simd() -> bool:
     """Whether the loaded kernel uses the AVX2/F16C intrinsics."""
-    return available() and bool(_lib.qr_has_simd())
+    return simd_width() > 0
+
+
+def simd_width() -> int:
+    """512 when the loaded kernel also has the AVX-512 steps, 256 with AVX2/F16C only, 0 otherwise."""
+    return int(_lib.qr_has_simd()) if available() else 0
 
 
 def _bytes(t: torch.Tensor) -> int:

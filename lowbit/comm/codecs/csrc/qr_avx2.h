@@ -10,6 +10,10 @@
 
 #define QR_SIMD 1
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include "qr_avx512.h"
+#endif
+
 /* Signed absmax (the first element of largest magnitude, as argmax picks) and the magnitude
  * bits of each block of a row; magnitude bits >= 0x7F800000 mean NaN/Inf in the block. */
 static inline void simd_row_absmax(const float *buf, float *amax, int32_t *mbits) {
@@ -108,6 +112,12 @@ static inline __m256i simd_fp4_code(__m256 x, __m256 sv) {
 
 /* Codes of one finite block with scale s. */
 static inline void simd_block_codes(int kind, int qmin, int qmax, int bias, const float *x, float s, uint8_t *c) {
+#ifdef QR_SIMD512
+    if (kind == 0) {
+        simd512_int_codes(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16), s, qmin, qmax, bias, c);
+        return;
+    }
+#endif
     const __m256 sv = _mm256_set1_ps(s);
     __m256i q[4];
     if (kind == 0) {

@@ -20,17 +20,24 @@
 #if defined(__AVX512F__) && !defined(QR_NO_SIMD)
 #include <immintrin.h>
 /* Stages of span 1, 2, 4 and 8 inside one vector of 16 values: each lane's partner (lane ^ h) by a
- * permute; a lane whose bit h is clear keeps a + c (its value plus the partner's), one whose bit is
- * set gets a - c (the partner's value minus its own): the scalar stage's operations, so its bits. */
+ * permute p; a lane whose bit h is clear gets p + v (a + c), one whose bit is set p - v (a - c):
+ * one fused multiply-add by +-1 per stage, exact in the product, so the scalar stage's sums and
+ * bits (a + c is c + a). */
 static inline __m512 fwht16(__m512 v) {
-    __m512 p = _mm512_permute_ps(v, 0xB1);
-    v = _mm512_mask_sub_ps(_mm512_add_ps(v, p), 0xAAAA, p, v);
-    p = _mm512_permute_ps(v, 0x4E);
-    v = _mm512_mask_sub_ps(_mm512_add_ps(v, p), 0xCCCC, p, v);
-    p = _mm512_shuffle_f32x4(v, v, 0xB1);
-    v = _mm512_mask_sub_ps(_mm512_add_ps(v, p), 0xF0F0, p, v);
-    p = _mm512_shuffle_f32x4(v, v, 0x4E);
-    return _mm512_mask_sub_ps(_mm512_add_ps(v, p), 0xFF00, p, v);
+    const __m512 s1 = _mm512_castsi512_ps(_mm512_set1_epi64(0xBF8000003F800000ull)); /* +1, -1, ... */
+    const __m512 s2 = _mm512_castsi512_ps(_mm512_set_epi32(
+        0xBF800000, 0xBF800000, 0x3F800000, 0x3F800000, 0xBF800000, 0xBF800000, 0x3F800000, 0x3F800000,
+        0xBF800000, 0xBF800000, 0x3F800000, 0x3F800000, 0xBF800000, 0xBF800000, 0x3F800000, 0x3F800000));
+    const __m512 s4 = _mm512_castsi512_ps(_mm512_set_epi32(
+        0xBF800000, 0xBF800000, 0xBF800000, 0xBF800000, 0x3F800000, 0x3F800000, 0x3F800000, 0x3F800000,
+        0xBF800000, 0xBF800000, 0xBF800000, 0xBF800000, 0x3F800000, 0x3F800000, 0x3F800000, 0x3F800000));
+    const __m512 s8 = _mm512_castsi512_ps(_mm512_set_epi32(
+        0xBF800000, 0xBF800000, 0xBF800000, 0xBF800000, 0xBF800000, 0xBF800000, 0xBF800000, 0xBF800000,
+        0x3F800000, 0x3F800000, 0x3F800000, 0x3F800000, 0x3F800000, 0x3F800000, 0x3F800000, 0x3F800000));
+    v = _mm512_fmadd_ps(v, s1, _mm512_permute_ps(v, 0xB1));
+    v = _mm512_fmadd_ps(v, s2, _mm512_permute_ps(v, 0x4E));
+    v = _mm512_fmadd_ps(v, s4, _mm512_shuffle_f32x4(v, v, 0xB1));
+    return _mm512_fmadd_ps(v, s8, _mm512_shuffle_f32x4(v, v, 0x4E));
 }
 
 /* Blocks of 32 or 64 values in registers: fwht16 per vector, then the spans 16 and 32 between

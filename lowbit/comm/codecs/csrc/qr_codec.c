@@ -224,6 +224,24 @@ static void encode_row(const float *buf, int kind, int bits, uint8_t *orow, int6
     int16_t bad[NBLK];
     simd_row_absmax(buf, amax, mbits);
     simd_row_scales(kind, qmin, amax, mbits, scales, s, bad);
+#ifdef QR_SIMD512
+    if (kind == 0 && bits == 4) { /* the nibbles straight into the row; a rare bad block via its codes */
+        for (int b = 0; b < NBLK; b++) {
+            if (!bad[b]) {
+                simd512_int4_nibbles(_mm512_loadu_ps(buf + b * BLK), _mm512_loadu_ps(buf + b * BLK + 16), s[b],
+                                     orow + b * BLK / 2);
+                continue;
+            }
+            uint8_t *c = codes + b * BLK;
+            if (mbits[b] < 0x7F800000)
+                encode_block_ext(kind, qmin, qmax, bias, buf + b * BLK, amax[b] / (float)qmin, c, scales + b);
+            else
+                memset(c, 0, BLK);
+            for (int j = 0; j < BLK / 2; j++) orow[b * BLK / 2 + j] = (uint8_t)(c[2 * j] | c[2 * j + 1] << 4);
+        }
+        return;
+    }
+#endif
     for (int b = 0; b < NBLK; b++) {
         if (!bad[b])
             simd_block_codes(kind, qmin, qmax, bias, buf + b * BLK, s[b], codes + b * BLK);
@@ -306,10 +324,13 @@ int qr_encode(const void *in, int in_type, int64_t n, int64_t rows, int kind, in
     return 0;
 }
 
-/* 1 when this build uses the AVX2/F16C intrinsics of qr_avx2.h (for benchmark labels). */
+/* 512 when this build also uses qr_avx512.h, 256 when it uses the AVX2/F16C intrinsics of
+ * qr_avx2.h, 0 for the portable loops (benchmark labels). */
 int qr_has_simd(void) {
-#ifdef QR_SIMD
-    return 1;
+#if defined(QR_SIMD512)
+    return 512;
+#elif defined(QR_SIMD)
+    return 256;
 #else
     return 0;
 #endif
@@ -334,9 +355,15 @@ static void decode_row(const uint8_t *row, int kind, int bits, int64_t code_byte
             for (int64_t i = 0; i < m; i++) { _Float16 h; memcpy(&h, &w[i], 2); vals[i] = (float)h; }
         return;
     }
-    unpack_planes(row, kind == 0 ? bits : 4, codes);
     uint16_t scales[NBLK];
     memcpy(scales, row + code_bytes, sizeof scales);
+#ifdef QR_SIMD512
+    if (kind == 0 && bits == 4) { /* straight from the nibbles */
+        for (int b = 0; b < NBLK && b * BLK < m; b++) simd512_int4_decode(row + b * BLK / 2, scale_value(scales[b]), vals + b * BLK);
+        return;
+    }
+#endif
+    unpack_planes(row, kind == 0 ? bits : 4, codes);
     for (int b = 0; b < NBLK; b++) {
         float s = scale_value(scales[b]);
         const uint8_t *c = codes + b * BLK;
@@ -355,7 +382,10 @@ static void decode_row(const uint8_t *row, int kind, int bits, int64_t code_byte
 /* m float32 values to bf16 (round to nearest even, as torch). */
 static void store_bf16(const float *v, uint16_t *o, int64_t m) {
     int64_t i = 0;
-#ifdef QR_SIMD
+#if defined(QR_SIMD512)
+    simd512_to_bf16(v, o, m);
+    i = m & ~(int64_t)15;
+#elif defined(QR_SIMD)
     simd_to_bf16(v, o, m);
     i = m & ~(int64_t)15;
 #endif
