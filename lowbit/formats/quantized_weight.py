@@ -108,9 +108,10 @@ def _ratios(args: WeightArgs) -> tuple[float, ...]:
 
 
 def fit_grid(grid: Grid, blocks: torch.Tensor, args: WeightArgs, importance: torch.Tensor | None = None):
-    """Scales for ``[rows, L]`` blocks. ``importance`` (``[L]``, the inputs' energy diag XᵀX of
-    these columns) weights the clipping search's error when ``args.clip_weighted``: a clipped
-    column that sees large inputs costs more output error than one that sees small ones."""
+    """Scales for ``[rows, L]`` blocks. ``importance`` (``[L]`` or per block ``[rows, L]``: the
+    inputs' energy diag XᵀX of these columns) weights the clipping search's error when
+    ``args.clip_weighted``: a clipped column that sees large inputs costs more output error than
+    one that sees small ones."""
     if args.clip_search:
         w = importance if (args.clip_weighted and importance is not None) else None
         return grid.fit_search(blocks, _ratios(args), w)
@@ -125,8 +126,10 @@ def quantize_outliers(cols: torch.Tensor, precision: str):
     return INT8.signed(codes), s
 
 
-def rtn(w: torch.Tensor, args: WeightArgs, n_outliers: int = 0, outlier_precision: str = "int8") -> QuantizedWeight:
-    """Round-to-nearest in groups along the input dim."""
+def rtn(w: torch.Tensor, args: WeightArgs, n_outliers: int = 0, outlier_precision: str = "int8",
+        importance: torch.Tensor | None = None) -> QuantizedWeight:
+    """Round-to-nearest in groups along the input dim. ``importance`` (``[n_in]``, diag XᵀX of the
+    calibration inputs) weights the clipping search when ``args.clip_weighted``."""
     w = w.float()
     out, n_in = w.shape
     n = n_in - n_outliers
@@ -134,7 +137,9 @@ def rtn(w: torch.Tensor, args: WeightArgs, n_outliers: int = 0, outlier_precisio
     normal = w[:, :n]
     if n:
         blocks = to_groups(normal, g)
-        s, z = fit_grid(grid, blocks, args)
+        if importance is not None:  # [n_groups, g] per group, the same for every row
+            importance = to_groups(importance.float()[None, :n], g).repeat(out, 1)
+        s, z = fit_grid(grid, blocks, args, importance)
         codes = from_groups(grid.encode(blocks, s, z), out, n)
         scale = s.reshape(out, -1)
         zero = z.reshape(out, -1) if z is not None else None

@@ -66,3 +66,30 @@ def test_act_order_static_groups_match_the_storage_order():
         a = gptq(w, h, args, GPTQArgs(enabled=True, act_order=True, damp=0.0))
         b = rtn(w, args)
         assert torch.equal(a.codes, b.codes) and torch.equal(a.scale, b.scale)
+
+
+def test_rtn_weighted_clipping_uses_each_groups_input_energy():
+    """Round-to-nearest with ``clip_weighted`` weights each group's search by its own columns'
+    diag XᵀX (before, RTN ignored the flag and searched unweighted: a silent no-op)."""
+    from lowbit.formats.quantized_weight import rtn
+    from lowbit.quantize import Scheme
+    from lowbit.quantize.weights import quantize_weights
+
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(24, 80, generator=g)
+    w[:, ::16] *= 5  # one large weight per group of 16: whether to clip it depends on its input
+    energy = torch.rand(80, generator=g) + 0.01
+    energy[::32] = 1e4  # strong inputs on every second group's large column only
+    args = WeightArgs(bits=4, group_size=16, clip_search=True, clip_weighted=True)
+    weighted, plain = rtn(w, args, importance=energy), rtn(w, args)
+    assert not torch.equal(weighted.scale, plain.scale)
+    grid = Grid(4, True)
+    for i in range(5):  # each group's scales: the weighted search over that group alone
+        s, _ = grid.fit_search(w[:, 16 * i:16 * (i + 1)], args.clip_ratios, energy[16 * i:16 * (i + 1)])
+        assert torch.equal(weighted.scale[:, i], s)
+    unweighted = WeightArgs(bits=4, group_size=16, clip_search=True)
+    assert torch.equal(rtn(w, unweighted, importance=energy).scale, plain.scale)  # the flag decides
+    x = torch.randn(200, 80, generator=g) * energy.sqrt()
+    scheme = Scheme(weights=args, gptq=GPTQArgs(enabled=False))
+    (via,) = quantize_weights([w], [x.t() @ x], scheme, 0, shared_input=False)
+    assert torch.equal(via.scale, rtn(w, args, importance=torch.diag(x.t() @ x)).scale)
