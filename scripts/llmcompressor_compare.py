@@ -10,8 +10,8 @@ it runs ``scripts/llmcompressor_quantize.py``. Both tools calibrate on the same 
 weight-only kernel) and export W8A8 (INT8 channel weights, dynamic per-token INT8 activations:
 ``int-quantized``) and W4A16 (INT4 symmetric groups of 64: ``pack-quantized``; 576 has no groups
 of 128). lowbit's side: its ``w8a8`` preset (SmoothQuant 0.5, RTN) with and without GPTQ, and its
-``w4a16`` preset at g64 as plain RTN, RTN with its clipping search, and the preset (GPTQ, act
-order, clipping). DIR receives the float folder, every checkpoint (later runs reuse them) and the
+``w4a16`` preset at g64 as plain RTN, RTN with its clipping search (plain, and weighted by the
+calibration inputs' energy), and the preset (GPTQ, act order, clipping). DIR receives the float folder, every checkpoint (later runs reuse them) and the
 calibration ids. One vLLM process serves every folder in turn (bf16, eager): perplexity on the
 first ``--windows`` WikiText-2 test windows of ``--seqlen``, then decode tok/s at each batch
 (128-token prompts, 64 new tokens, no early stop; batch x 63 / (time for 64 tokens - time for 1),
@@ -42,6 +42,7 @@ LOWBIT = {  # name -> (preset, overrides)
     "w8a8-sq-gptq": ("w8a8", ["lm_head.bits=16", "gptq.enabled=true"]),
     "w4a16-g64-rtn": ("w4a16", G64 + ["gptq.enabled=false", "gptq.act_order=false", "weights.clip_search=false"]),
     "w4a16-g64-rtn-clip": ("w4a16", G64 + ["gptq.enabled=false", "gptq.act_order=false"]),
+    "w4a16-g64-rtn-wclip": ("w4a16", G64 + ["gptq.enabled=false", "gptq.act_order=false", "weights.clip_weighted=true"]),
     "w4a16-g64-gptq-clip": ("w4a16", G64),  # the preset: GPTQ, static act order, clipping search
 }
 
@@ -144,6 +145,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--llmc-recipes", default=",".join(LLMC), help="comma list of " + ", ".join(LLMC))
     ap.add_argument("--lowbit-schemes", default=",".join(LOWBIT), help="comma list of " + ", ".join(LOWBIT))
+    ap.add_argument("--reverse", action="store_true",
+                    help="serve the quantized folders in reverse order (float first still): shows what the order costs")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     recipes, schemes = ([x for x in v.split(",") if x] for v in (args.llmc_recipes, args.lowbit_schemes))
@@ -167,6 +170,8 @@ def main() -> None:
     for scheme in ("w8a8", "w4a16"):
         folders |= {f"llmc-{r}": args.work / f"llmc-{r}" for r in recipes if r.startswith(scheme + "-")}
         folders |= {f"lowbit-{r}": args.work / f"lowbit-{r}" for r in schemes if r.startswith(scheme + "-")}
+    if args.reverse:
+        folders = {"float": folders["float"]} | dict(reversed([(k, v) for k, v in folders.items() if k != "float"]))
     windows = eval_windows(tok, "wikitext2", args.seqlen, args.windows).tolist()
     prompts = eval_windows(tok, "wikitext2", PROMPT, max(args.batches)).tolist()
     jobs = [{"kind": "nll", "windows": windows},
@@ -180,7 +185,8 @@ def main() -> None:
     meta = {"vllm": result["vllm"], "llmcompressor_env": _versions(args.llmc_python), "calib": args.calib,
             "windows": args.windows, "seqlen": args.seqlen, "batches": args.batches, "repeats": args.repeats,
             "quantize_s": quantize_s, "vllm_s": time.perf_counter() - t0, "load_avg_before": load_before,
-            "load_avg_after": os.getloadavg(), "cpu": _cpu(), "lowbit_schemes": LOWBIT}
+            "load_avg_after": os.getloadavg(), "cpu": _cpu(), "lowbit_schemes": LOWBIT,
+            "order": list(folders)}
     _print(rows, args.batches)
     if args.json:
         write_json(args.json, {"meta": meta, "rows": rows})
