@@ -41,8 +41,12 @@ def compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
+SHARED_CSRC = Path(__file__).with_name("csrc")  # headers every library may include (butterfly_simd.h)
+
+
 def _sources(src: Path) -> bytes:
-    return b"".join(p.name.encode() + p.read_bytes() for p in sorted(src.parent.glob("*.[ch]")))
+    files = sorted(src.parent.glob("*.[ch]")) + sorted(SHARED_CSRC.glob("*.h"))
+    return b"".join(p.name.encode() + p.read_bytes() for p in files)
 
 
 def compile_library(src: Path, flags: tuple[str, ...], libs: tuple[str, ...] = ("-lm",)) -> ctypes.CDLL | None:

@@ -104,3 +104,18 @@ def test_cache_dir_of_another_user_is_refused(setup, monkeypatch):
     with pytest.warns(RuntimeWarning, match="not by this user"):
         assert cbuild.compile_library(src, ("-O1",)).answer() == 42
     assert not list((tmp_path / "cache" / "native").glob("probe_*.so"))
+
+
+def test_a_change_in_a_shared_header_rebuilds(setup, monkeypatch):
+    """Headers in lowbit/native/csrc (included by several libraries) are part of every library's
+    cache key: editing one must not leave a stale build in use."""
+    src, _, tmp_path = setup
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "answer.h").write_text("#define ANSWER 42\n")
+    src.write_text('#include "../shared/answer.h"\nint answer(void) { return ANSWER; }\n')
+    monkeypatch.setattr(cbuild, "SHARED_CSRC", shared)
+    assert cbuild.compile_library(src, ("-O1",)).answer() == 42
+    (shared / "answer.h").write_text("#define ANSWER 43\n")
+    assert cbuild.compile_library(src, ("-O1",)).answer() == 43
+    assert len(list((tmp_path / "cache" / "native").glob("probe_*.so"))) == 2

@@ -18,29 +18,11 @@
 
 #define MAX_BLOCK 128
 
-/* Spans 1, 2, 4 (and 8) of the butterfly inside one vector: t holds each lane's partner, the lower
- * lane of a pair takes r + t (a + c), the upper t - r (a - c), as the scalar stages below. */
-#if defined(__AVX512F__)
-static inline __m512 stages16(__m512 r) {
-    __m512 t = _mm512_permute_ps(r, 0xB1); /* span 1 */
-    r = _mm512_mask_blend_ps(0xAAAA, _mm512_add_ps(r, t), _mm512_sub_ps(t, r));
-    t = _mm512_permute_ps(r, 0x4E); /* span 2 */
-    r = _mm512_mask_blend_ps(0xCCCC, _mm512_add_ps(r, t), _mm512_sub_ps(t, r));
-    t = _mm512_shuffle_f32x4(r, r, 0xB1); /* span 4: 128-bit lanes 1 0 3 2 */
-    r = _mm512_mask_blend_ps(0xF0F0, _mm512_add_ps(r, t), _mm512_sub_ps(t, r));
-    t = _mm512_shuffle_f32x4(r, r, 0x4E); /* span 8: 256-bit halves swapped */
-    return _mm512_mask_blend_ps(0xFF00, _mm512_add_ps(r, t), _mm512_sub_ps(t, r));
-}
-#endif
-#if defined(__AVX2__) && !defined(__AVX512F__)
-static inline __m256 stages8(__m256 r) {
-    __m256 t = _mm256_permute_ps(r, 0xB1); /* span 1: lanes 1 0 3 2 */
-    r = _mm256_blend_ps(_mm256_add_ps(r, t), _mm256_sub_ps(t, r), 0xAA);
-    t = _mm256_permute_ps(r, 0x4E); /* span 2: lanes 2 3 0 1 */
-    r = _mm256_blend_ps(_mm256_add_ps(r, t), _mm256_sub_ps(t, r), 0xCC);
-    t = _mm256_permute2f128_ps(r, r, 0x01); /* span 4: halves swapped */
-    return _mm256_blend_ps(_mm256_add_ps(r, t), _mm256_sub_ps(t, r), 0xF0);
-}
+/* Spans 1, 2, 4 (and 8) of the butterfly inside one vector: butterfly_simd.h (shared with the
+ * all-reduce codecs). */
+#if defined(__AVX2__)
+#include <immintrin.h>
+#include "../../native/csrc/butterfly_simd.h"
 #endif
 
 #if defined(__AVX512F__)
@@ -52,7 +34,7 @@ static inline __m256 stages8(__m256 r) {
 #define VSUB _mm512_sub_ps
 #define VMUL _mm512_mul_ps
 #define VSET1 _mm512_set1_ps
-#define VSTAGES stages16
+#define VSTAGES butterfly_in16
 #elif defined(__AVX2__)
 #define VW 8
 #define VF __m256
@@ -62,7 +44,7 @@ static inline __m256 stages8(__m256 r) {
 #define VSUB _mm256_sub_ps
 #define VMUL _mm256_mul_ps
 #define VSET1 _mm256_set1_ps
-#define VSTAGES stages8
+#define VSTAGES butterfly_in8
 #endif
 
 /* x[0 .. block) times H_block, then times scale (block a power of two). Spans below the vector

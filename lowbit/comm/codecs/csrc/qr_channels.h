@@ -19,38 +19,21 @@
 
 #if defined(__AVX512F__) && !defined(QR_NO_SIMD)
 #include <immintrin.h>
-/* Stages of span 1, 2, 4 and 8 inside one vector of 16 values: each lane's partner (lane ^ h) by a
- * permute p; a lane whose bit h is clear gets p + v (a + c), one whose bit is set p - v (a - c):
- * one fused multiply-add by +-1 per stage, exact in the product, so the scalar stage's sums and
- * bits (a + c is c + a). */
-static inline __m512 fwht16(__m512 v) {
-    const __m512 s1 = _mm512_castsi512_ps(_mm512_set1_epi64(0xBF8000003F800000ull)); /* +1, -1, ... */
-    const __m512 s2 = _mm512_castsi512_ps(_mm512_set_epi32(
-        0xBF800000, 0xBF800000, 0x3F800000, 0x3F800000, 0xBF800000, 0xBF800000, 0x3F800000, 0x3F800000,
-        0xBF800000, 0xBF800000, 0x3F800000, 0x3F800000, 0xBF800000, 0xBF800000, 0x3F800000, 0x3F800000));
-    const __m512 s4 = _mm512_castsi512_ps(_mm512_set_epi32(
-        0xBF800000, 0xBF800000, 0xBF800000, 0xBF800000, 0x3F800000, 0x3F800000, 0x3F800000, 0x3F800000,
-        0xBF800000, 0xBF800000, 0xBF800000, 0xBF800000, 0x3F800000, 0x3F800000, 0x3F800000, 0x3F800000));
-    const __m512 s8 = _mm512_castsi512_ps(_mm512_set_epi32(
-        0xBF800000, 0xBF800000, 0xBF800000, 0xBF800000, 0xBF800000, 0xBF800000, 0xBF800000, 0xBF800000,
-        0x3F800000, 0x3F800000, 0x3F800000, 0x3F800000, 0x3F800000, 0x3F800000, 0x3F800000, 0x3F800000));
-    v = _mm512_fmadd_ps(v, s1, _mm512_permute_ps(v, 0xB1));
-    v = _mm512_fmadd_ps(v, s2, _mm512_permute_ps(v, 0x4E));
-    v = _mm512_fmadd_ps(v, s4, _mm512_shuffle_f32x4(v, v, 0xB1));
-    return _mm512_fmadd_ps(v, s8, _mm512_shuffle_f32x4(v, v, 0x4E));
-}
+/* Stages of span 1, 2, 4 and 8 inside one vector of 16 values: butterfly_simd.h (shared with the
+ * kernels' online Hadamard). */
+#include "../../../native/csrc/butterfly_simd.h"
 
-/* Blocks of 32 or 64 values in registers: fwht16 per vector, then the spans 16 and 32 between
+/* Blocks of 32 or 64 values in registers: butterfly_in16 per vector, then the spans 16 and 32 between
  * whole vectors, then the scale. 0 if the block is another size (the scalar loop runs). */
 static int fwht_blocks_512(float *v, int64_t m, int block, float scale) {
     if (block != 32 && block != 64) return 0;
     const __m512 sv = _mm512_set1_ps(scale);
     for (int64_t b = 0; b + block <= m; b += block) {
         float *x = v + b;
-        __m512 r0 = fwht16(_mm512_loadu_ps(x)), r1 = fwht16(_mm512_loadu_ps(x + 16)), t;
+        __m512 r0 = butterfly_in16(_mm512_loadu_ps(x)), r1 = butterfly_in16(_mm512_loadu_ps(x + 16)), t;
         t = r0, r0 = _mm512_add_ps(t, r1), r1 = _mm512_sub_ps(t, r1);
         if (block == 64) {
-            __m512 r2 = fwht16(_mm512_loadu_ps(x + 32)), r3 = fwht16(_mm512_loadu_ps(x + 48));
+            __m512 r2 = butterfly_in16(_mm512_loadu_ps(x + 32)), r3 = butterfly_in16(_mm512_loadu_ps(x + 48));
             t = r2, r2 = _mm512_add_ps(t, r3), r3 = _mm512_sub_ps(t, r3);
             t = r0, r0 = _mm512_add_ps(t, r2), r2 = _mm512_sub_ps(t, r2);
             t = r1, r1 = _mm512_add_ps(t, r3), r3 = _mm512_sub_ps(t, r3);
