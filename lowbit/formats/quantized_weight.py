@@ -137,9 +137,10 @@ def rtn(w: torch.Tensor, args: WeightArgs, n_outliers: int = 0, outlier_precisio
     normal = w[:, :n]
     if n:
         blocks = to_groups(normal, g)
-        if importance is not None:  # [n_groups, g] per group, the same for every row
-            importance = to_groups(importance.float()[None, :n], g).repeat(out, 1)
-        s, z = fit_grid(grid, blocks, args, importance)
+        per_block = None  # each group's column energies, the same for every row; built only for a weighted search
+        if importance is not None and args.clip_search and args.clip_weighted:
+            per_block = to_groups(importance.float()[None, :n], g).repeat(out, 1)
+        s, z = fit_grid(grid, blocks, args, per_block)
         codes = from_groups(grid.encode(blocks, s, z), out, n)
         scale = s.reshape(out, -1)
         zero = z.reshape(out, -1) if z is not None else None

@@ -114,8 +114,7 @@ def quantize_weights(weights: list[torch.Tensor], xtx: list[torch.Tensor], schem
     """GPTQ or RTN for each weight; weights that read one input are stacked into one sweep."""
     prec = scheme.outliers.precision
     if not scheme.gptq.enabled:  # the statistics still weight a clipping search (clip_weighted)
-        hs = xtx if len(xtx) == len(weights) else [xtx[0]] * len(weights)
-        return [rtn(w, scheme.weights, k, prec, torch.diag(h) if h is not None else None) for w, h in zip(weights, hs)]
+        return [rtn(w, scheme.weights, k, prec, torch.diag(h)) for w, h in zip(weights, xtx)]
     if shared_input and len(weights) > 1:
         qw = gptq(torch.cat(weights, dim=0), xtx[0], scheme.weights, scheme.gptq, k, prec)
         return split_rows(qw, [w.shape[0] for w in weights])
