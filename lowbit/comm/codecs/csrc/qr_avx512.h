@@ -11,14 +11,17 @@
 
 #define QR_SIMD512 1
 
-/* rint(x / s) as the divide gives it, from the product y = x * r with r = fl(1 / s). Exact:
+/* The 32 codes (code + bias, 0 .. 2^bits - 1) of one block as int32, from the block's two vectors
+ * and scale s: rint(x / s) as the divide gives it, clamped to [qmin, qmax], plus bias.
+ * The divide's integer from the product y = x * r with r = fl(1 / s). Exact:
  * |y - fl(x / s)| <= 3.0001 * 2^-24 * |x / s|, and a finite block's |x / s| <= |qmin| * (1 + 2^-23)
  * <= 128.001 (its fp16 scale is rounded away from zero), so the two differ by less than 2^-15;
  * where y is farther than that from every half-integer (|y - rint(y)| < 0.5 - 2^-15), fl(x / s)
  * lies on the same side of it and rounds to the same integer. Otherwise (about 2^-14 of all
- * values, and a NaN scale) the block's 32 values are divided. Returns the two vectors of
- * integral floats, clamped to [qmin, qmax] (NaN -> qmin, as max_ps/min_ps give it in AVX2). */
-static inline void simd512_int_round(__m512 f0, __m512 f1, float s, int qmin, int qmax, __m512 *r0, __m512 *r1) {
+ * values, and a NaN scale) the block's 32 values are divided. The clamp is in float (NaN -> qmin,
+ * as max_ps/min_ps give it in AVX2). */
+static inline void simd512_int_codes32(__m512 f0, __m512 f1, float s, int qmin, int qmax, int bias, __m512i *c0,
+                                       __m512i *c1) {
     const __m512 lim = _mm512_set1_ps(0.5f - 0x1p-15f), rv = _mm512_set1_ps(1.0f / s);
     __m512 y0 = _mm512_mul_ps(f0, rv), y1 = _mm512_mul_ps(f1, rv);
     __m512 q0 = _mm512_roundscale_ps(y0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -31,26 +34,24 @@ static inline void simd512_int_round(__m512 f0, __m512 f1, float s, int qmin, in
         q1 = _mm512_roundscale_ps(_mm512_div_ps(f1, sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     }
     const __m512 lo = _mm512_set1_ps((float)qmin), hi = _mm512_set1_ps((float)qmax);
-    *r0 = _mm512_min_ps(_mm512_max_ps(q0, lo), hi);
-    *r1 = _mm512_min_ps(_mm512_max_ps(q1, lo), hi);
-}
-
-/* The 32 codes (code + bias, 0 .. 2^bits - 1) of one block as bytes in order. */
-static inline void simd512_int_codes(__m512 f0, __m512 f1, float s, int qmin, int qmax, int bias, uint8_t *c) {
-    __m512 r0, r1;
-    simd512_int_round(f0, f1, s, qmin, qmax, &r0, &r1);
     const __m512i bv = _mm512_set1_epi32(bias);
-    _mm_storeu_si128((__m128i *)c, _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(r0), bv)));
-    _mm_storeu_si128((__m128i *)(c + 16), _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(r1), bv)));
+    *c0 = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(q0, lo), hi)), bv);
+    *c1 = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(q1, lo), hi)), bv);
 }
 
-/* The same 32 codes of 4 bits packed two per byte, the first in the low nibble (the plane layout
- * of pack_planes): 16 bytes. */
+/* The same 32 codes as bytes in order. */
+static inline void simd512_int_codes(__m512 f0, __m512 f1, float s, int qmin, int qmax, int bias, uint8_t *c) {
+    __m512i c0, c1;
+    simd512_int_codes32(f0, f1, s, qmin, qmax, bias, &c0, &c1);
+    _mm_storeu_si128((__m128i *)c, _mm512_cvtepi32_epi8(c0));
+    _mm_storeu_si128((__m128i *)(c + 16), _mm512_cvtepi32_epi8(c1));
+}
+
+/* The 32 codes of 4 bits packed two per byte, the first in the low nibble (the plane layout of
+ * pack_planes): 16 bytes. */
 static inline void simd512_int4_nibbles(__m512 f0, __m512 f1, float s, uint8_t *out) {
-    __m512 r0, r1;
-    simd512_int_round(f0, f1, s, -8, 7, &r0, &r1);
-    const __m512i bv = _mm512_set1_epi32(8);
-    __m512i c0 = _mm512_add_epi32(_mm512_cvtps_epi32(r0), bv), c1 = _mm512_add_epi32(_mm512_cvtps_epi32(r1), bv);
+    __m512i c0, c1;
+    simd512_int_codes32(f0, f1, s, -8, 7, 8, &c0, &c1);
     /* per 64-bit lane (c, c'): c | c' << 4 in its low byte */
     c0 = _mm512_or_si512(c0, _mm512_srli_epi64(c0, 28));
     c1 = _mm512_or_si512(c1, _mm512_srli_epi64(c1, 28));
