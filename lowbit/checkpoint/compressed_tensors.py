@@ -142,8 +142,9 @@ def _quantized_weight(name: str, t: dict[str, torch.Tensor], w: dict, fmt: str,
 def _act_args(a: dict | None) -> ActArgs | None:
     if a is None:
         return None
+    sym = bool(a.get("symmetric", True))
     return ActArgs(bits=a["num_bits"], group_size=a.get("group_size") or 0 if a["strategy"] == "group" else 0,
-                   symmetric=bool(a.get("symmetric", True)))
+                   symmetric=sym, scale_rule="compressed-tensors" if sym else "signed")
 
 
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:

@@ -52,6 +52,13 @@ def run(args) -> int:
                       f" -> {', '.join(g['targets'][:3])}{' ...' if len(g['targets']) > 3 else ''}")
     if q["ignore"]:
         console.print(f"left float: {', '.join(q['ignore'])}")
+    act = getattr(getattr(model, "lowbit_scheme", None), "activations", None)
+    if act is not None and act.enabled and act.scale_rule == "signed":
+        console.print("note: activations were quantized on lowbit's grid (the signed absmax on code "
+                      f"-{2 ** (act.bits - 1)}); the format has no field for it, and its readers quantize each token "
+                      "on their own (transformers / compressed-tensors: absmax / 127.5, vLLM: absmax / 127), so "
+                      "they compute a slightly different function; for transformers' exactly, quantize with "
+                      "--set activations.scale_rule=compressed-tensors")
     size = sum(f.stat().st_size for f in Path(out).iterdir() if f.is_file())
     console.print(f"wrote {out} ({size / 2**20:.1f} MiB)")
     return 0

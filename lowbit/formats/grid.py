@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lowbit.formats.absmax import symmetric_scale
+from lowbit.formats.absmax import rule_scale
 from lowbit.formats.affine import _safe_scale  # the formats' own scale storage rule (shared on purpose)
 from lowbit.formats import PerToken, QParams, choose_qparams, dequantize, e2m1_decode, e2m1_encode, quantize
 
@@ -23,6 +23,7 @@ class Grid:
     symmetric: bool = True
     fmt: str = "int"  # "int" | "fp4"
     scale_dtype: torch.dtype = torch.float16
+    scale_rule: str = "signed"  # symmetric INT: lowbit.formats.absmax.SCALE_RULES
 
     @property
     def offset(self) -> int:
@@ -45,6 +46,8 @@ class Grid:
             amax = blocks.abs().amax(dim=1) * clip
             scale = (amax / 6.0).to(self.scale_dtype).float()
             return torch.where(scale == 0, torch.ones_like(scale), scale), None
+        if self.symmetric and self.scale_rule != "signed":
+            return self.fit_fast(blocks, clip)
         qp = choose_qparams(blocks, self.bits, symmetric=self.symmetric, granularity=PerToken(),
                             clip_ratio=clip, scale_dtype=self.scale_dtype)
         return qp.scale.float(), qp.zero_point
@@ -71,7 +74,7 @@ class Grid:
         (symmetric INT and FP4; asymmetric falls back to :meth:`fit`). Tested equal to it."""
         if self.fmt == "fp4" or not self.symmetric or blocks.shape[-1] == 0:
             return self.fit(blocks, clip)
-        return _safe_scale(symmetric_scale(blocks, self.bits, clip), self.scale_dtype).float(), None
+        return _safe_scale(rule_scale(blocks, self.bits, clip, self.scale_rule), self.scale_dtype).float(), None
 
     def qdq_fast(self, x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(codes, values) of a ``[rows, c]`` slice with per-row scales, without input checks.

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from lowbit.errors import LowbitError
+from lowbit.formats.absmax import SCALE_RULES
 
 FORMATS = ("int", "fp4")
 OUTLIER_PRECISIONS = ("int8", "fp16")
@@ -100,11 +101,19 @@ class ActArgs(_Bits):
     clip_ratio: float = 1.0
     format: str = "int"
     dynamic: bool = True
+    # "signed": the signed absmax on code -2^(b-1) (lowbit's grid); "compressed-tensors": absmax /
+    # ((2^b - 1) / 2), what that format's readers compute (lowbit.formats.absmax)
+    scale_rule: str = "signed"
 
     def __post_init__(self):
         _check_numbers("activations", self.bits, self.group_size, self.clip_ratio, self.format)
         if not self.dynamic:
             raise SchemeError("activations.dynamic=False (static scales) is not implemented; use dynamic per-token")
+        if self.scale_rule not in SCALE_RULES:
+            raise SchemeError(f"activations.scale_rule must be one of {SCALE_RULES}, got {self.scale_rule!r}")
+        if self.scale_rule != "signed" and self.enabled and (self.format != "int" or not self.symmetric):
+            raise SchemeError(f"activations.scale_rule={self.scale_rule!r} is a rule for symmetric INT activations, "
+                              f"not format={self.format!r} symmetric={self.symmetric}")
 
 
 @dataclass(frozen=True)

@@ -35,11 +35,19 @@ class NonFiniteActivations(ValueError):
 @dataclass(frozen=True)
 class ActSpec:
     """Dynamic per-token symmetric INT activations: ``bits`` in groups of ``group`` (0 = whole
-    row) over the normal channels, ``clip`` times the signed absmax; outliers INT8 per token."""
+    row) over the normal channels, scaled by ``scale_rule`` (``lowbit.formats.absmax``: the signed
+    absmax, or compressed-tensors' absmax over half the range) times ``clip``; outliers INT8 per
+    token on the signed rule."""
 
     bits: int
     group: int
     clip: float = 1.0
+    scale_rule: str = "signed"
+
+    @property
+    def half_range(self) -> bool:
+        """The native kernels' flag for compressed-tensors' rule."""
+        return self.scale_rule == "compressed-tensors"
 
 
 @dataclass
@@ -106,7 +114,7 @@ def from_quant_linear(ql) -> LinearParams:
         a = ql.act_args
         if a.format != "int" or not a.symmetric:
             raise KernelError(f"kernels support symmetric INT activations only, got {a.format} symmetric={a.symmetric}")
-        act = ActSpec(a.bits, a.group_size, a.clip_ratio)
+        act = ActSpec(a.bits, a.group_size, a.clip_ratio, a.scale_rule)
     return from_quantized_weight(ql.quantized_weight(), kind_of(lay.w_bits, act), act,
                                  None if ql.bias is None else ql.bias.float())
 

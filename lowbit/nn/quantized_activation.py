@@ -32,7 +32,7 @@ class QuantizedActivation:
 
 
 def act_grid(args: ActArgs) -> Grid:
-    return Grid(args.bits, args.symmetric, args.format, torch.float32)
+    return Grid(args.bits, args.symmetric, args.format, torch.float32, args.scale_rule)
 
 
 def quantize_activation(x: torch.Tensor, args: ActArgs, n_outliers: int = 0,

@@ -126,7 +126,7 @@ def check_runnable(name: str, lay: QuantLinearLayout) -> str:
         if a.get("format", "int") != "int" or not a.get("symmetric", True):
             raise PluginError(f"{name}: activations {a.get('format')} symmetric={a.get('symmetric')}; the kernels "
                               "quantize activations to symmetric integers only")
-        act = ActSpec(a["bits"], a.get("group_size", 0), a.get("clip_ratio", 1.0))
+        act = ActSpec(a["bits"], a.get("group_size", 0), a.get("clip_ratio", 1.0), a.get("scale_rule", "signed"))
     try:
         return kind_of(lay.w_bits, act)
     except KernelError as e:

@@ -82,17 +82,22 @@ def test_load_model_runs_a_compressed_tensors_checkpoint_on_quantlinear(tmp_path
         assert torch.allclose(a, b, rtol=0, atol=1e-5)  # the same products, summed in another order
     elif key == "w8a8":
         assert all(m.act_args.bits == 8 and m.act_args.group_size == 0 for m in mods.values())
-        # each side quantizes activations per token with its own grid (lowbit: signed absmax on -128)
-        assert (a - b).abs().max() <= 0.05 * b.abs().max() and not torch.equal(a, b)
+        # read with the format's own activation grid (absmax / 127.5 per token): transformers' logits
+        assert all(m.act_args.scale_rule == "compressed-tensors" for m in mods.values())
+        assert torch.equal(a, b)
     else:
         assert all(m.act_args is None for m in mods.values()) and torch.equal(a, b)
     # by default the same modules run the fast kernels, within tests/accelerate/test_linears.py's
-    # bounds of one linear (A8: 1e-4 of the output scale; A16: 2e-2, bf16 activations)
+    # bounds of one linear (A16: 2e-2, bf16 activations). A8 on compressed-tensors' grid: a token's
+    # absmax lands on the tie x / s = ±127.5 by construction, so an input that differs in its last
+    # bits (the fused kernels sum in another order) can move the negative absmax's code by one, 1/128
+    # of that token's largest value, and that carries through the layers (measured 4e-3 here; with
+    # lowbit's own grid the absmax is exact and the bound is 1e-4)
     fast, _ = load_model(str(out))
     assert not any(isinstance(m, QuantLinear) for m in fast.modules())
     with torch.no_grad():
         y = fast(IDS).logits
-    assert (y - a).abs().max() <= (1e-4 if key == "w8a8" else 2e-2) * a.abs().max()
+    assert (y - a).abs().max() <= 2e-2 * a.abs().max()
     # and lowbit can keep it as its own checkpoint
     save_quantized(ours, tmp_path / "lowbit")
     again, _ = load_quantized(tmp_path / "lowbit")

@@ -24,4 +24,6 @@ def test_cli_checks_the_output_before_work_and_exports(tmp_path, capsys):
     assert err.startswith("lowbit: error: ") and "refusing to overwrite" in err and err.count("\n") == 1
     assert main(["export", str(tmp_path / "ckpt"), "--format", "compressed-tensors", "--out", str(tmp_path / "ct")]) == 0
     assert {p.name for p in (tmp_path / "ct").iterdir()} == {"config.json", "model.safetensors"}
+    out = " ".join(capsys.readouterr().out.split())  # the activation grid the readers will not share is said
+    assert "activations were quantized on lowbit's grid" in out and "activations.scale_rule=compressed-tensors" in out
     assert (tmp_path / "taken" / "x").read_text() == "mine"

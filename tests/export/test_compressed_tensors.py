@@ -29,6 +29,7 @@ EXPORTABLE = {
     "w8a16-channel": ("w4a16", ["weights.bits=8", "weights.group_size=0", "lm_head.bits=16"]),
     "w8a8-smoothquant": ("w8a8", []),
     "w8a8-asym-weights": ("w8a8", ["weights.symmetric=false"]),
+    "w8a8-ct-scale-rule": ("w8a8", ["activations.scale_rule=compressed-tensors"]),
     "w4a4-g32": ("w4a4-rtn", ["weights.group_size=32", "activations.group_size=32"]),
 }
 
@@ -76,9 +77,11 @@ def test_transformers_loads_the_export_and_computes_lowbits_function(exported):
         ours, theirs = model(IDS).logits, hf(IDS).logits
     for name, m in _modules(model).items():
         assert torch.equal(hf.get_submodule(name).weight, m.dequantized_weight()), name
+    if model.lowbit_scheme.activations.scale_rule == "compressed-tensors":
+        assert torch.equal(ours, theirs)  # quantized on the reader's own activation grid: its function
     if model.lowbit_scheme.activations.enabled:
-        # the reader quantizes activations with its own per-token grid (absmax/127.5, lowbit's is
-        # the signed absmax on -128): close, not equal; and really quantized, not dropped
+        # the reader quantizes activations with its own per-token grid (absmax/127.5, lowbit's
+        # default is the signed absmax on -128): close; and really quantized, not dropped
         hf.model.layers[0].self_attn.q_proj.quantization_enabled = False
         with torch.no_grad():
             unquantized = hf(IDS).logits

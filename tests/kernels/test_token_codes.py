@@ -10,13 +10,15 @@ from lowbit.formats.scheme import ActArgs
 
 @pytest.mark.parametrize("n_in,k,group,bits,clip", [(288, 32, 128, 4, 0.9), (256, 0, 128, 4, 1.0),
                                                     (200, 8, 64, 4, 1.0), (96, 0, 0, 8, 1.0)])
-def test_equals_module_quantizer(n_in, k, group, bits, clip):
+@pytest.mark.parametrize("rule", ["signed", "compressed-tensors"])
+def test_equals_module_quantizer(n_in, k, group, bits, clip, rule):
     torch.manual_seed(1)
     x = torch.randn(7, n_in) * torch.rand(n_in) * 4
     x[2] = 0.0  # an all-zero token: scale 1, codes 0
     x[3, :5] = torch.tensor([2.0, -2.0, 1.0, 0.5, -0.5])  # ties in |x|: first index wins
-    a = quantize_tokens(x, ActSpec(bits, group, clip), k)
-    ref = quantize_activation(x, ActArgs(bits=bits, group_size=group, symmetric=True, clip_ratio=clip), k, "int8")
+    a = quantize_tokens(x, ActSpec(bits, group, clip, rule), k)
+    ref = quantize_activation(x, ActArgs(bits=bits, group_size=group, symmetric=True, clip_ratio=clip,
+                                         scale_rule=rule), k, "int8")
     offset = 2 ** (bits - 1)
     assert torch.equal(a.codes, (ref.codes.to(torch.int16) - offset).to(torch.int8))
     assert torch.equal(a.scale.reshape(-1), ref.scale)

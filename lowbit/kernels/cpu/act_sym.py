@@ -24,15 +24,16 @@ class NativeCodes:
 
 def bind(fn) -> None:
     i64, vp, ci = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    fn.argtypes = [vp, ci, i64, i64, i64, i64, i64, i64, ci, ctypes.c_float, vp, vp, vp, vp, vp, ci]
+    fn.argtypes = [vp, ci, i64, i64, i64, i64, i64, i64, ci, ctypes.c_float, ci, vp, vp, vp, vp, vp, ci]
     fn.restype = i64
 
 
 def symmetric_codes(fn, x: torch.Tensor, n_outliers: int, group: int, ng: int, kp: int, bits: int,
-                    clip: float) -> NativeCodes:
+                    clip: float, half: bool = False) -> NativeCodes:
     """``x [t, in]`` (outlier channels last) → codes of ``n = in - n_outliers`` normal channels in
-    ``ng`` groups of ``group`` padded to ``kp``, and INT8 outlier codes; ``fn`` is a library's
-    ``*_act_sym`` entry point."""
+    ``ng`` groups of ``group`` padded to ``kp`` (scales by compressed-tensors' rule when ``half``,
+    :attr:`ActSpec.half_range`), and INT8 outlier codes; ``fn`` is a library's ``*_act_sym`` entry
+    point."""
     if x.dim() != 2:
         raise ValueError(f"activations must be [tokens, features], got {tuple(x.shape)}")
     if not x.is_floating_point():
@@ -50,7 +51,7 @@ def symmetric_codes(fn, x: torch.Tensor, n_outliers: int, group: int, ng: int, k
     xsum = torch.empty(t, ng, dtype=torch.int32)
     oq = torch.empty(t, n_outliers, dtype=torch.int16)
     osx = torch.empty(t)
-    if t and fn(x.data_ptr(), int(x.dtype == torch.bfloat16), t, n_in, n, group, ng, kp, bits, clip, xq.data_ptr(),
+    if t and fn(x.data_ptr(), int(x.dtype == torch.bfloat16), t, n_in, n, group, ng, kp, bits, clip, int(half), xq.data_ptr(),
                 sx.data_ptr(), xsum.data_ptr(), oq.data_ptr(), osx.data_ptr(), torch.get_num_threads()):
         raise NonFiniteActivations()
     return NativeCodes(xq, sx, xsum, oq, osx)

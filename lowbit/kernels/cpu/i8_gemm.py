@@ -36,8 +36,8 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.i8_gemm_simd.restype = ci
     lib.i8_gemm_amx.restype = ci
     act_sym.bind(lib.i8_act_sym)
-    lib.i8_gemm_linear.argtypes = [vp, ci, vp, i32, i64, i64, i64, i64, vp, vp, i64, i64, i64, ci, ctypes.c_float, vp,
-                                   vp, ci, i64, vp, ci, ci]
+    lib.i8_gemm_linear.argtypes = [vp, ci, vp, i32, i64, i64, i64, i64, vp, vp, i64, i64, i64, ci, ctypes.c_float, ci,
+                                   vp, vp, ci, i64, vp, ci, ci]
     lib.i8_gemm_linear.restype = ci
     lib.i8_round_bf16.argtypes = [vp, vp, i64]
     lib.i8_round_bf16.restype = None
@@ -110,10 +110,10 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, bits: int, group: int, k_pad:
 
 
 def act_codes(x: torch.Tensor, n_outliers: int, w: I8Panels, bits: int, clip: float,
-              lib: ctypes.CDLL | None = None) -> act_sym.NativeCodes:
+              lib: ctypes.CDLL | None = None, *, half: bool = False) -> act_sym.NativeCodes:
     """Per-token symmetric codes of ``x [t, in]`` (outlier channels last) in ``w``'s groups."""
     lib = _built(lib)
-    return act_sym.symmetric_codes(lib.i8_act_sym, x, n_outliers, w.group, w.scale.shape[1], w.k_pad, bits, clip)
+    return act_sym.symmetric_codes(lib.i8_act_sym, x, n_outliers, w.group, w.scale.shape[1], w.k_pad, bits, clip, half)
 
 
 def run_codes(c: act_sym.NativeCodes, w: I8Panels, outliers: I8Panels | None = None,
@@ -142,7 +142,8 @@ def run_codes(c: act_sym.NativeCodes, w: I8Panels, outliers: I8Panels | None = N
 
 
 
-def linear_args(w: I8Panels, outliers: I8Panels | None, n_outliers: int, n_in: int, bits: int, clip: float) -> tuple:
+def linear_args(w: I8Panels, outliers: I8Panels | None, n_outliers: int, n_in: int, bits: int, clip: float,
+                half: bool = False) -> tuple:
     """The weight half of ``i8_gemm_linear``'s arguments (:func:`linear`), built once per layer: they
     hold raw pointers, so whoever keeps the tuple keeps ``w`` and ``outliers`` too."""
     n = n_in - n_outliers
@@ -153,7 +154,7 @@ def linear_args(w: I8Panels, outliers: I8Panels | None, n_outliers: int, n_in: i
     o = outliers if n_outliers else None
     return (w.panels.data_ptr(), int(w.nibbles), w.scale.data_ptr(), w.zero, PANEL * w.scale.shape[0], w.k_pad,
             w.group, w.scale.shape[1], o.panels.data_ptr() if o else None, o.scale.data_ptr() if o else None,
-            o.k_pad if o else 0, n_in, n, bits, clip)
+            o.k_pad if o else 0, n_in, n, bits, clip, int(half))
 
 
 def linear(x: torch.Tensor, args: tuple, out: int, perm: torch.Tensor | None = None, keep_bf16: bool = False,

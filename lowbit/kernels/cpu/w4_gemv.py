@@ -162,7 +162,7 @@ def _gemv_codes(lib, xq: torch.Tensor, sx: torch.Tensor, xsum: torch.Tensor, w: 
 
 
 def quantize_and_run(x: torch.Tensor, w: W4GemvPrepared, n_outliers: int, bits: int, clip: float,
-                     lib: ctypes.CDLL | None = None) -> tuple[torch.Tensor, act_sym.NativeCodes]:
+                     lib: ctypes.CDLL | None = None, *, half: bool = False) -> tuple[torch.Tensor, act_sym.NativeCodes]:
     """W4A4's normal channels in two C calls: ``x [t, in]`` (outlier channels last) → per-token
     symmetric ``bits``-bit codes per weight group (:mod:`.native_act`) → the GEMV; returns ``[t,
     out]`` float32 (no bias) and the codes (the caller's outlier product needs them)."""
@@ -170,5 +170,5 @@ def quantize_and_run(x: torch.Tensor, w: W4GemvPrepared, n_outliers: int, bits: 
     if x.dim() != 2 or x.shape[1] != w.n_in + n_outliers:
         raise ValueError(f"w4 native kernel: activations must be [tokens, {w.n_in + n_outliers}], got {tuple(x.shape)}")
     ng = w.scale.shape[1]
-    c = act_sym.symmetric_codes(lib.w4_act_sym, x, n_outliers, w.group, ng, w.k_pad, bits, clip)
+    c = act_sym.symmetric_codes(lib.w4_act_sym, x, n_outliers, w.group, ng, w.k_pad, bits, clip, half)
     return _gemv_codes(lib, c.xq, c.scale, c.xsum, w), c

@@ -85,7 +85,7 @@ class W4A4GemmPrepared:
     def __post_init__(self) -> None:
         # i8_gemm.linear's weight arguments, built once: a decode step calls every layer
         self.args = i8_gemm.linear_args(self.normal, self.outlier, self.n_outliers, self.n_in, self.act.bits,
-                                        self.act.clip)
+                                        self.act.clip, self.act.half_range)
 
     def __deepcopy__(self, memo):  # a copy gets its own tensors, so its own pointers
         return a16_linear.copy_prepared(self, memo)
@@ -191,7 +191,7 @@ def _run_native(x: torch.Tensor, w: W4A4NativePrepared) -> torch.Tensor:
     """Codes and the normal channels' GEMV in C (the same codes as :func:`quantize_tokens`), then
     the INT8 outliers' exact product in the 8-bit kernel (torch's float32 route where it did not build)."""
     k = w.outlier.shape[0]
-    y, c = w4_gemv.quantize_and_run(x, w.normal, k, w.act.bits, w.act.clip)
+    y, c = w4_gemv.quantize_and_run(x, w.normal, k, w.act.bits, w.act.clip, half=w.act.half_range)
     if k and w.outlier_native is not None:  # float(P) * (w_scale * x_scale), exact P, in the 8-bit kernel
         y += w8_gemv.run_int16_codes(c.outlier, c.outlier_scale, w.outlier_native)
     elif k:

@@ -111,13 +111,13 @@ def _gemv_codes(lib, xq: torch.Tensor, sx: torch.Tensor, w: W8GemvPrepared) -> t
 
 
 def act_codes(x: torch.Tensor, w: W8GemvPrepared, bits: int, clip: float,
-              lib: ctypes.CDLL | None = None) -> act_sym.NativeCodes:
+              lib: ctypes.CDLL | None = None, *, half: bool = False) -> act_sym.NativeCodes:
     """Per-token symmetric ``bits``-bit codes of ``x [t, in]`` (:mod:`.native_act`), padded to the
     weight's width: what the GEMV and ``torch._int_mm`` on this layout both read."""
     lib = _built(lib)
     if x.dim() != 2 or x.shape[1] != w.n_in:
         raise ValueError(f"w8 native kernel: activations must be [tokens, {w.n_in}], got {tuple(x.shape)}")
-    return act_sym.symmetric_codes(lib.w8_act_sym, x, 0, w.n_in, 1, w.k_pad, bits, clip)
+    return act_sym.symmetric_codes(lib.w8_act_sym, x, 0, w.n_in, 1, w.k_pad, bits, clip, half)
 
 
 def rescale(prod: torch.Tensor, x_scale: torch.Tensor, w: W8GemvPrepared,
@@ -138,8 +138,8 @@ def rescale(prod: torch.Tensor, x_scale: torch.Tensor, w: W8GemvPrepared,
 
 
 def quantize_and_run(x: torch.Tensor, w: W8GemvPrepared, bits: int, clip: float,
-                     lib: ctypes.CDLL | None = None) -> torch.Tensor:
+                     lib: ctypes.CDLL | None = None, *, half: bool = False) -> torch.Tensor:
     """W8A8 in two C calls: :func:`act_codes`, then the GEMV; ``[t, out]`` float32 (no bias)."""
     lib = _built(lib)
-    c = act_codes(x, w, bits, clip, lib)
+    c = act_codes(x, w, bits, clip, lib, half=half)
     return _gemv_codes(lib, c.xq, c.scale, w)

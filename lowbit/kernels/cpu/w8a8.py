@@ -95,7 +95,8 @@ def prepare(p: LinearParams, method: str | None = None):
             raise KernelError("w8a8 gemm: no C compiler could build its kernel (csrc/i8_gemm.c)")
         kp = -(-p.codes.shape[1] // 4) * 4
         panels = i8_gemm.pack(p.codes, p.scale, 8, kp, kp)
-        args = i8_gemm.linear_args(panels, None, 0, p.codes.shape[1], p.act.bits, p.act.clip)
+        args = i8_gemm.linear_args(panels, None, 0, p.codes.shape[1], p.act.bits, p.act.clip,
+                                         p.act.half_range)
         return W8A8NativePrepared(panels, p.act, p.bias, "gemm", args)
     if method == "native":
         return W8A8NativePrepared(w8_gemv.prepare(p.codes, p.scale[:, 0]), p.act, p.bias)
@@ -130,7 +131,7 @@ def run(x: torch.Tensor, w) -> torch.Tensor:
     elif w.method == "native" and x.dim() == 2 and x.shape[0] >= INT_MM_MIN_TOKENS and int_mm_for_batches():
         y = _int_mm_on_native(x, w.weight, w.act)
     elif w.method == "native":  # codes and float(P) * (x_scale * w_scale) in C: the float method's bits
-        y = w8_gemv.quantize_and_run(x, w.weight, w.act.bits, w.act.clip)
+        y = w8_gemv.quantize_and_run(x, w.weight, w.act.bits, w.act.clip, half=w.act.half_range)
     else:
         a = quantize_tokens(x, w.act)
         y = int_product(a.codes, w).float() * (a.scale * w.scale[None, :])
@@ -140,5 +141,5 @@ def run(x: torch.Tensor, w) -> torch.Tensor:
 def _int_mm_on_native(x: torch.Tensor, w: w8_gemv.W8GemvPrepared, act: ActSpec) -> torch.Tensor:
     """The native layout's bytes through ``torch._int_mm``: C activation codes, the exact int32
     product, the same float32 rescale (the native kernel's bits)."""
-    c = w8_gemv.act_codes(x, w, act.bits, act.clip)
+    c = w8_gemv.act_codes(x, w, act.bits, act.clip, half=act.half_range)
     return w8_gemv.rescale(torch._int_mm(c.xq.to(torch.int8), w.packed.t()), c.scale, w)

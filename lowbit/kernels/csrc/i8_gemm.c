@@ -302,7 +302,7 @@ ACT_SYM_EXPORT(i8_act_sym)
  * holds an index outside [0, n_in). */
 int i8_gemm_linear(const uint8_t *w, int nibbles, const float *sw, int32_t zero, int64_t out, int64_t kp,
                    int64_t group, int64_t ng, const uint8_t *wo, const float *swo, int64_t kpo, int64_t n_in,
-                   int64_t n, int bits, float clip, const int64_t *perm, const void *x, int x_bf16, int64_t t,
+                   int64_t n, int bits, float clip, int half, const int64_t *perm, const void *x, int x_bf16, int64_t t,
                    void *y, int y_bf16, int threads) {
     if (t <= 0) return 0;
     for (int64_t j = 0; perm && j < n_in; j++)
@@ -317,7 +317,7 @@ int i8_gemm_linear(const uint8_t *w, int nibbles, const float *sw, int32_t zero,
     if ((perm && !xg) || !xq || !sx || !xsum) goto done;
     int16_t *oq = xq + t * kp;
     float *osx = sx + t * ng;
-    struct act_sym_job J = {.x = x, .bf16 = x_bf16, .bits = bits, .perm = perm, .xg = xg, .t = t, .n_in = n_in,
+    struct act_sym_job J = {.x = x, .bf16 = x_bf16, .bits = bits, .half = half, .perm = perm, .xg = xg, .t = t, .n_in = n_in,
                             .n = n, .group = group, .ng = ng, .kp = kp, .block = TOKENS_PER_ITEM, .clip = clip,
                             .xq = xq, .oq = oq, .sx = sx, .osx = osx, .xsum = xsum};
     pool_run(act_sym_item, &J, (t + TOKENS_PER_ITEM - 1) / TOKENS_PER_ITEM, threads);

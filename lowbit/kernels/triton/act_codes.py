@@ -1,8 +1,8 @@
 """Triton dynamic per-token activation quantization, with the input-channel reordering fused
 (gather by ``perm`` while loading): one program per (token, group), plus one per token for the
 INT8 outlier block. Same arithmetic as :func:`lowbit.kernels.token_codes.quantize_tokens`
-(signed absmax of the group by first-index argmax, x clip / -2^(b-1), zero → 1, IEEE division,
-round half to even, clamp); tested equal to it under ``TRITON_INTERPRET=1``.
+(signed absmax of the group by first-index argmax, x clip / -2^(b-1), or by compressed-tensors'
+rule absmax x clip / ((2^b - 1) / 2); zero → 1, IEEE division, round half to even, clamp); tested equal to it under ``TRITON_INTERPRET=1``.
 """
 
 from __future__ import annotations
@@ -25,11 +25,14 @@ if triton is not None:
         return tl.where((d > 0.5) | ((d == 0.5) & odd), f + 1.0, f)
 
     @triton.jit
-    def _quant_block(x, valid, ridx, qmin: tl.constexpr, qmax: tl.constexpr, clip):
+    def _quant_block(x, valid, ridx, qmin: tl.constexpr, qmax: tl.constexpr, clip, HALF: tl.constexpr):
         ax = tl.where(valid, tl.abs(x), 0.0)
-        idx = tl.argmax(ax, 0, tie_break_left=True)
-        v = tl.sum(tl.where(ridx == idx, x, 0.0), 0)
-        s = tl.math.div_rn(v * clip, qmin)  # IEEE division, as torch's (a plain '/' may be approximate on GPUs)
+        if HALF:  # compressed-tensors' rule: a positive scale over half the code range
+            s = tl.math.div_rn(tl.max(ax, 0) * clip, (qmax - qmin) / 2.0)
+        else:
+            idx = tl.argmax(ax, 0, tie_break_left=True)
+            v = tl.sum(tl.where(ridx == idx, x, 0.0), 0)
+            s = tl.math.div_rn(v * clip, qmin)  # IEEE division, as torch's (a plain '/' may be approximate on GPUs)
         s = tl.where(s == 0.0, 1.0, s)
         q = _round_half_even(tl.math.div_rn(x, s))
         q = tl.minimum(tl.maximum(q, qmin), qmax)
@@ -37,7 +40,8 @@ if triton is not None:
 
     @triton.jit
     def _quant_store(x_ptr, perm_ptr, c_ptr, s_ptr, row, first, n_valid, s_x, scale_off, clip,
-                     L: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr, HAS_PERM: tl.constexpr):
+                     L: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr, HAS_PERM: tl.constexpr,
+                     HALF: tl.constexpr):
         """Quantize channels ``first .. first+n_valid`` of ``row`` (reordered) as one block; store
         the codes at ``c_ptr[0 .. n_valid)`` and the scale at ``s_ptr[scale_off]``."""
         r = tl.arange(0, L)
@@ -46,24 +50,24 @@ if triton is not None:
         if HAS_PERM:
             src = tl.load(perm_ptr + first + r, mask=valid, other=0)
         x = tl.load(x_ptr + row * s_x + src, mask=valid, other=0.0).to(tl.float32)
-        q, s = _quant_block(x, valid, r, QMIN, QMAX, clip)
+        q, s = _quant_block(x, valid, r, QMIN, QMAX, clip, HALF)
         tl.store(c_ptr + r, q, mask=valid)
         tl.store(s_ptr + scale_off, s)
 
     @triton.jit
     def _act_quant_kernel(x_ptr, perm_ptr, c_ptr, s_ptr, oc_ptr, os_ptr, N, K, NG, s_x, s_c, s_s, s_oc, clip,
                           G: tl.constexpr, KB: tl.constexpr, QMIN: tl.constexpr, QMAX: tl.constexpr,
-                          HAS_PERM: tl.constexpr):
+                          HAS_PERM: tl.constexpr, HALF: tl.constexpr):
         # The two branches live in helpers: compiled Triton needs variables of one shape across
         # an if/else, and a group (G) and the outlier block (KB) have different shapes.
         row = tl.program_id(0)
         gi = tl.program_id(1)
         if gi < NG:
             _quant_store(x_ptr, perm_ptr, c_ptr + row * s_c + gi * G, s_ptr, row, gi * G, tl.minimum(N - gi * G, G),
-                         s_x, row * s_s + gi, clip, G, QMIN, QMAX, HAS_PERM)
+                         s_x, row * s_s + gi, clip, G, QMIN, QMAX, HAS_PERM, HALF)
         else:
             _quant_store(x_ptr, perm_ptr, oc_ptr + row * s_oc, os_ptr, row, N, K, s_x, row, 1.0,
-                         KB, -128.0, 127.0, HAS_PERM)
+                         KB, -128.0, 127.0, HAS_PERM, False)
 
 
 def quantize_tokens_triton(x: torch.Tensor, act: ActSpec, n_outliers: int = 0,
@@ -94,7 +98,8 @@ def quantize_tokens_triton(x: torch.Tensor, act: ActSpec, n_outliers: int = 0,
         qmax = 2 ** (act.bits - 1) - 1
         _act_quant_kernel[(t, ng + 1)](x, perm if perm is not None else x, codes, scale, oc, os_, n, n_outliers, ng,
                                        x.stride(0), codes.stride(0), max(scale.stride(0), 1), oc.stride(0), float(act.clip),
-                                       G=g, KB=kb, QMIN=float(-qmax - 1), QMAX=float(qmax), HAS_PERM=perm is not None)
+                                       G=g, KB=kb, QMIN=float(-qmax - 1), QMAX=float(qmax), HAS_PERM=perm is not None,
+                                       HALF=act.half_range)
     if n_outliers == 0:
         oc = oc[:, :0]
         os_ = torch.ones(t, dtype=torch.float32, device=x.device)

@@ -24,8 +24,8 @@ def _torch_codes(x, act, k, group, kp):
 
 @given(t=st.integers(0, 5), n=st.integers(1, 300), k=st.integers(0, 40), group=st.sampled_from([0, 32, 64, 128]),
        bits=st.sampled_from([3, 4, 8]), clip=st.sampled_from([1.0, 0.9, 0.85, 0.77]), bf16=st.booleans(),
-       scale=st.sampled_from([1e-30, 1e-3, 1.0, 50.0, 1e30]), seed=st.integers(0, 2 ** 16))
-def test_codes_equal_torch_bit_for_bit(t, n, k, group, bits, clip, bf16, scale, seed):
+       scale=st.sampled_from([1e-30, 1e-3, 1.0, 50.0, 1e30]), seed=st.integers(0, 2 ** 16), half=st.booleans())
+def test_codes_equal_torch_bit_for_bit(t, n, k, group, bits, clip, bf16, scale, seed, half):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(t, n + k, generator=g) * scale
     if t and seed % 3 == 0:  # ties of magnitude with both signs, and whole zero groups
@@ -33,12 +33,12 @@ def test_codes_equal_torch_bit_for_bit(t, n, k, group, bits, clip, bf16, scale, 
         x[-1, :] = 0.0
     if bf16:
         x = x.bfloat16()
-    act = ActSpec(bits, group, clip)
+    act = ActSpec(bits, group, clip, "compressed-tensors" if half else "signed")
     gsz = group or n
     ng = -(-n // gsz)
     kp = -(-n // 64) * 64
     ref, xq = _torch_codes(x, act, k, gsz, kp)
-    c = act_sym.symmetric_codes(w4_gemv.library().w4_act_sym, x, k, gsz, ng, kp, bits, clip)
+    c = act_sym.symmetric_codes(w4_gemv.library().w4_act_sym, x, k, gsz, ng, kp, bits, clip, half)
     assert torch.equal(c.xq, xq)
     assert torch.equal(c.scale, ref.scale)
     assert torch.equal(c.outlier, ref.outlier.to(torch.int16))
@@ -111,11 +111,16 @@ def test_w4a4_native_equals_torch_codes_path(t, out, n_in, k, dtype):
 
 
 @pytest.mark.parametrize("t,out,n_in", [(1, 64, 256), (6, 36, 200), (9, 16, 4096)])
-def test_w8a8_native_equals_float_method(t, out, n_in):
+@pytest.mark.parametrize("rule", ["signed", "compressed-tensors"])
+def test_w8a8_native_equals_float_method(t, out, n_in, rule):
     torch.manual_seed(t)
     p = from_float(torch.randn(out, n_in), "w8a8", bias=torch.randn(out))
+    p.act = ActSpec(8, 0, 1.0, rule)
     x = torch.randn(t, n_in) * 4
-    assert torch.equal(w8a8.run(x, w8a8.prepare(p, "native")), w8a8.run(x, w8a8.prepare(p, "float")))
+    y = w8a8.run(x, w8a8.prepare(p, "native"))
+    assert torch.equal(y, w8a8.run(x, w8a8.prepare(p, "float")))
+    p.act = ActSpec(8, 0, 1.0, "compressed-tensors" if rule == "signed" else "signed")
+    assert not torch.equal(w8a8.run(x, w8a8.prepare(p, "native")), y)  # the rule reaches the C codes
 
 
 

@@ -33,6 +33,11 @@ def main() -> None:
     x8 = torch.randn(4, 64)
     a8, r8 = quantize_tokens_triton(x8, ActSpec(8, 0)), quantize_tokens(x8, ActSpec(8, 0))
     res["act_int8_row"] = torch.equal(a8.codes, r8.codes) and torch.equal(a8.scale, r8.scale)
+    x8[1, 7], x8[2, 9] = 40.0, -40.0  # a positive absmax: compressed-tensors' rule clamps it to 127
+    for name, act in {"int8_row": ActSpec(8, 0, 1.0, "compressed-tensors"),
+                      "int4_g64": ActSpec(4, 64, 0.9, "compressed-tensors")}.items():
+        a, r = quantize_tokens_triton(x8, act), quantize_tokens(x8, act)
+        res[f"act_ct_{name}"] = torch.equal(a.codes, r.codes) and torch.equal(a.scale, r.scale)
     for name, (t, n, normal, block, dt) in {"had_576": (3, 576, 512, 128, torch.float32),
                                              "had_bf16": (2, 1536, 1472, 64, torch.bfloat16),
                                              "had_tiny": (5, 20, 16, 2, torch.float16),

@@ -14,7 +14,8 @@ from lowbit.kernels.triton import act_codes as triton_act_quant, w4a4 as triton_
 
 ACT_SIG = {"x_ptr": "*fp32", "perm_ptr": "*i64", "c_ptr": "*i8", "s_ptr": "*fp32", "oc_ptr": "*i8", "os_ptr": "*fp32",
            "N": "i32", "K": "i32", "NG": "i32", "s_x": "i32", "s_c": "i32", "s_s": "i32", "s_oc": "i32", "clip": "fp32",
-           "G": "constexpr", "KB": "constexpr", "QMIN": "constexpr", "QMAX": "constexpr", "HAS_PERM": "constexpr"}
+           "G": "constexpr", "KB": "constexpr", "QMIN": "constexpr", "QMAX": "constexpr", "HAS_PERM": "constexpr",
+           "HALF": "constexpr"}
 GEMM_SIG = {"a_ptr": "*i8", "as_ptr": "*fp32", "ao_ptr": "*i8", "aos_ptr": "*fp32", "w_ptr": "*u8", "ws_ptr": "*fp32",
             "wo_ptr": "*i8", "wos_ptr": "*fp32", "b_ptr": "*fp32", "y_ptr": "*fp32", "M": "i32", "O": "i32", "N": "i32",
             "K": "i32", "NG": "i32", "s_a": "i32", "s_as": "i32", "s_ao": "i32", "s_w": "i32", "s_ws": "i32", "s_wo": "i32",
@@ -28,8 +29,9 @@ def _compile(fn, sig, consts, arch):
 
 @pytest.mark.parametrize("arch", [90, 80])
 def test_act_quant_kernel_compiles(arch):
-    _compile(triton_act_quant._act_quant_kernel, ACT_SIG,
-             {"G": 128, "KB": 64, "QMIN": -8.0, "QMAX": 7.0, "HAS_PERM": True}, arch)
+    for half in (False, True):
+        _compile(triton_act_quant._act_quant_kernel, ACT_SIG,
+                 {"G": 128, "KB": 64, "QMIN": -8.0, "QMAX": 7.0, "HAS_PERM": True, "HALF": half}, arch)
 
 
 @pytest.mark.parametrize("arch", [90, 80])

@@ -29,6 +29,11 @@ def test_int8_per_token_row_equals_reference(results):
     assert results["act_int8_row"] is True
 
 
+@pytest.mark.parametrize("case", ["int8_row", "int4_g64"])
+def test_compressed_tensors_scale_rule_equals_reference(results, case):
+    assert results[f"act_ct_{case}"] is True
+
+
 @pytest.mark.parametrize("case", ["576", "bf16", "tiny", "notail"])
 def test_block_hadamard_same_bits_as_torch(results, case):
     """The rotated presets' online transform on CUDA tensors: the torch path's bits."""
