@@ -92,6 +92,7 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV], con
         for (int64_t k = a; k < b; k += 8) {
             vi_t lo[NV], hi[NV];
             for (int v = 0; v < nv; v++) {
+                PANEL_PREFETCH(w + panel_at(r0 + v * VL, k, kp, 1));
                 vi_t raw = VLOAD(w + panel_at(r0 + v * VL, k, kp, 1));
                 lo[v] = VMASK4(raw), hi[v] = VSHR4(raw);
             }
@@ -103,7 +104,10 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV], con
     } else {
         for (int64_t k = a; k < b; k += 4) {
             vi_t wv[NV];
-            for (int v = 0; v < nv; v++) wv[v] = VLOAD(w + panel_at(r0 + v * VL, k, kp, 0));
+            for (int v = 0; v < nv; v++) {
+                PANEL_PREFETCH(w + panel_at(r0 + v * VL, k, kp, 0));
+                wv[v] = VLOAD(w + panel_at(r0 + v * VL, k, kp, 0));
+            }
             for (int m = 0; m < mr; m++) {
                 vi_t xb = VBCAST32(x + m * xstride + k);
                 for (int v = 0; v < nv; v++) acc[m][v] = DOT_BYTE(acc[m][v], wv[v], xb);

