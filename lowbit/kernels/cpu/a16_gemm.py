@@ -20,6 +20,7 @@ scales and zero points per (row, group) as ``[out/16, groups, 16]``.
 from __future__ import annotations
 
 import ctypes
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -41,8 +42,11 @@ BF16_MIN_TOKENS = {True: 128, False: 256}
 # model's four shapes and 4096² (docs/measurements/a16_bf16_tiles_xeon_amx_1thread_2026-12-03.json):
 # W4A16 g64 1.09-1.90x the path before from 32 to 256 tokens (4096² up to 4.4x), 0.77-1.03x at 511
 # on the 576-wide shapes; W8A16's exact int8 tiles stay ahead below 128 tokens (0.59-0.92x at 32-64),
-# the bfloat16 tiles 1.07-1.61x from 128 to 256
-AMX_BF16_TOKENS = {True: (32, 384), False: (128, 384)}
+# the bfloat16 tiles 1.07-1.61x from 128 to 256. Up to 640 since the matmul path's weight goes into a
+# reused buffer (_weight_scratch), 2 threads, interleaved medians of 11: at 512 tokens the tiles ran
+# 0.90-1.24x the matmul path over the same five shapes (two runs; 1 thread 1.06-1.32x), at 768
+# 0.71-1.32x (4096² 0.72-0.78x)
+AMX_BF16_TOKENS = {True: (32, 640), False: (128, 640)}
 W8_BLOCK = 256  # W8A16's activation blocks, as the 8-bit GEMV's (its int32 sums cannot overflow)
 
 
@@ -153,12 +157,33 @@ def bf16_matmul_native() -> bool:
     return bool(f.get("amx_bf16") or f.get("avx512_bf16"))
 
 
-def dequantize_bf16(w: A16Panels, lib: ctypes.CDLL | None = None) -> torch.Tensor:
-    """The weight ``[out, in]`` as bfloat16: ``((u - z) * s).to(bfloat16)`` per value, in C."""
+def dequantize_bf16(w: A16Panels, lib: ctypes.CDLL | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The weight ``[out, in]`` as bfloat16: ``((u - z) * s).to(bfloat16)`` per value, in C; into
+    ``out`` (contiguous bfloat16 of that shape) when given."""
     lib = _built(lib)
-    dst = torch.empty(w.out, w.n_in, dtype=torch.bfloat16)
-    lib.a16_gemm_dequant(*w.args, w.out, dst.data_ptr(), torch.get_num_threads())
-    return dst
+    shape = (w.out, w.n_in)
+    if out is None:
+        out = torch.empty(shape, dtype=torch.bfloat16)
+    elif out.shape != shape or out.dtype != torch.bfloat16 or not out.is_contiguous():
+        raise ValueError(f"dequantize_bf16: out must be contiguous bfloat16 {shape}, got {out.dtype} {tuple(out.shape)}")
+    lib.a16_gemm_dequant(*w.args, w.out, out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+_scratch = threading.local()
+
+
+def _weight_scratch(shape: tuple[int, int]) -> torch.Tensor:
+    """This thread's bfloat16 buffer for a dequantized weight of ``shape``: one storage, grown to the
+    largest weight seen and reused by every layer. A fresh one per call costs more than the unpacking:
+    a weight of 32 MB and up comes from the kernel as new pages (glibc's mmap threshold), and touching
+    them took 7-8 ms of the 10 a 4096² W4A16 call at 512 tokens spent unpacking (AMX Xeon, 2 threads;
+    2.5 ms into a reused buffer)."""
+    n = shape[0] * shape[1]
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.numel() < n:
+        buf = _scratch.buf = torch.empty(n, dtype=torch.bfloat16)
+    return buf[:n].view(shape)
 
 
 def _bf16_tiles(x: torch.Tensor, w: A16Panels, lib: ctypes.CDLL) -> torch.Tensor:
@@ -195,6 +220,7 @@ def run(x: torch.Tensor, w: A16Panels, lib: ctypes.CDLL | None = None) -> torch.
         return _bf16_tiles(x, w, lib)
     if bf16 and x.numel() >= (hi if tiles else BF16_MIN_TOKENS[w.nibbles]) * w.n_in and bf16_matmul_native():
         a16_linear.check_input(x, w.n_in, "a16 gemm kernel")  # below the threshold `call` checks
-        y = F.linear(x, dequantize_bf16(w, lib))
+        # the weight goes into this thread's scratch, which the matmul reads and nothing keeps
+        y = F.linear(x, dequantize_bf16(w, lib, _weight_scratch((w.out, w.n_in))))
         return y + w.bias.to(y.dtype) if w.bias is not None else y
     return a16_linear.call(lib.a16_gemm_linear, w.args, w.n_in, w.args[4], w.out, w.bias, x, "a16 gemm kernel")

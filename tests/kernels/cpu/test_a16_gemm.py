@@ -165,6 +165,25 @@ def test_many_bf16_tokens_run_the_bf16_matmul(kind, monkeypatch):
         a16_gemm.run(torch.randn(t, 300).bfloat16(), st)
 
 
+def test_bf16_matmul_reuses_one_weight_buffer_across_shapes(monkeypatch):
+    """The matmul path unpacks every weight into one per-thread buffer (grown to the largest): layers
+    of different shapes called in turn, a smaller one after a larger, each give their own product;
+    a wrong ``out`` for the unpacking is refused."""
+    monkeypatch.setattr(a16_gemm, "bf16_matmul_native", lambda: True)
+    monkeypatch.setattr(a16_gemm, "amx_bf16", lambda lib=None: False)
+    torch.manual_seed(11)
+    t = a16_gemm.BF16_MIN_TOKENS[True]
+    layers = [from_float(torch.randn(o, n), "w4a16", group=64) for o, n in ((48, 320), (96, 640), (16, 128))]
+    panels = [a16_gemm.prepare_w4(p) for p in layers]
+    xs = [torch.randn(t, p.codes.shape[1]).bfloat16() for p in layers]
+    want = [F.linear(x, p.dequantize().bfloat16()) for x, p in zip(xs, layers)]
+    for _ in range(2):
+        for x, st, y in zip(xs, panels, want):
+            assert torch.equal(a16_gemm.run(x, st), y)
+    with pytest.raises(ValueError, match="contiguous bfloat16"):
+        a16_gemm.dequantize_bf16(panels[0], out=torch.empty(320, 48, dtype=torch.bfloat16))
+
+
 def _bf16_bound(x, wd, exact):
     """2^-8·Σ|x·w| + 2^-126·Σ|w| + half a bfloat16 ulp of the exact value (float64 tensors)."""
     ulp_half = 2.0 ** (torch.floor(torch.log2(exact.abs().clamp_min(2.0**-126))) - 8)
