@@ -195,7 +195,8 @@ def run(args) -> int:
                 xs = {kname: x32.to(xdt) for kname, (_, _, _, xdt) in prepared.items()}
                 fns = {kname: (lambda c=itertools.cycle(calls), x=xs[kname]: next(c)(x))
                        for kname, (calls, _, _, _) in prepared.items()}
-                timed = interleaved_medians(fns, args.repeats, sync, args.max_seconds, amortize=dev.type == "cuda")
+                timed = interleaved_medians(fns, args.repeats, sync, args.max_seconds,
+                                            amortize=dev.type == "cuda" or getattr(args, "back_to_back", False))
                 for kname, (_, impl, wbytes, xdt) in prepared.items():
                     sec, n = timed[kname]
                     x = xs[kname]

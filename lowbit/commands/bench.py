@@ -119,6 +119,10 @@ def _gemm(kinds) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-seconds", type=positive_float, default=20.0,
                    help="skip further repeats of a row whose single call takes longer than this")
+    p.add_argument("--back-to-back", action="store_true",
+                   help="time each kernel as a run of calls (about 5 ms, over its weight copies), as the linears of a "
+                        "model run, instead of one call between the other kernels' (always so on GPUs); on a shared "
+                        "VM one call after other work can find its threads at one core's speed (README)")
     p.add_argument("--out", type=Path, default=Path("bench_out/gemm"))
     p.set_defaults(func=gemm.run)
 

@@ -88,6 +88,26 @@ def test_gemm_always_measures_both_floats(tmp_path):
     assert [r["kernel"] for r in rows] == ["fp32", "bf16", "w8a8"]
 
 
+def test_gemm_back_to_back_times_runs_of_calls(tmp_path, monkeypatch):
+    """--back-to-back times each kernel as a loop of calls (the GPUs' way) and says so in the meta."""
+    from lowbit.bench import gemm
+
+    seen = []
+    real = gemm.interleaved_medians
+    def recording(fns, *a, **k):  # the kernels' timing (the copy-bandwidth probe passes amortize by position)
+        if "amortize" in k:
+            seen.append(k["amortize"])
+        return real(fns, *a, **k)
+
+    monkeypatch.setattr(gemm, "interleaved_medians", recording)
+    for flag, want in (([], False), (["--back-to-back"], True)):
+        out = tmp_path / str(want)
+        assert main(["bench", "gemm", "--shapes", "64x16", "--batches", "1", "--kernels", "w8a8", "--repeats", "1",
+                     *flag, "--out", str(out)]) == 0
+        assert seen[-1] is want
+        assert json.loads((out / "gemm.json").read_text())["meta"]["back_to_back"] is want
+
+
 def test_gemm_bad_arguments(tmp_path):
     assert main(["bench", "gemm", "--kernels", "w9a9", "--out", str(tmp_path)]) == 2
     assert main(["bench", "gemm", "--kernels", "w8a8@int4pack", "--out", str(tmp_path)]) == 2
