@@ -92,11 +92,19 @@ def _make_model(base, fmt: str, tokenizer, args, device):
     counts = dict(accelerate(model, args.kernel))
     counts |= dict(use_native_ops(model)) if native else {}
     model.to(device)
-    if scheme.activations.bits >= 16 and not counts.get("kept_reference"):
-        # weight-only ("A16") formats: everything that is not a quantized linear (embeddings, the
-        # LM head, norms, attention, KV cache) runs in bf16 exactly as in the BF16 baseline
+    if runs_in_bf16(counts):
         model.to(dtype=torch.bfloat16)
     return model, stored, counts, qs
+
+
+def runs_in_bf16(counts: dict) -> bool:
+    """Whether a quantized model runs inside bf16, as serving engines run W8A8 and W4A16 (vLLM's
+    ``dtype``): everything that is not a quantized linear (embeddings, the LM head, norms,
+    attention, KV cache) then runs in bf16 exactly as in the BF16 baseline, and the kernels take
+    bf16 activations (A8/A4: codes of the bf16 values) and return bf16. Not where a linear kept the
+    reference forward (``kept_reference``), which computes in float32. Until stop 37 the A8/A4
+    formats ran the rest in float32, which cost them an fp32 LM head (2.5x bf16's at 32 sequences)."""
+    return not counts.get("kept_reference")
 
 
 def _cache_for(model, fmt: str):

@@ -34,8 +34,8 @@ class StepClock:
 
 
 def load(folder: str, kernel: str | None, native: bool):
-    """lowbit's decode-ready model: fast kernels, native norms/rotary/attention, and bf16 wherever
-    the weights are not quantized activations (``bench decode``'s setup)."""
+    """lowbit's decode-ready model: fast kernels, native norms/rotary/attention, inside bf16
+    (``bench decode``'s setup, :func:`lowbit.bench.decode.runs_in_bf16`)."""
     import torch
 
     from lowbit.accelerate.native_ops import use_native_ops
@@ -44,9 +44,9 @@ def load(folder: str, kernel: str | None, native: bool):
     model, tok = load_model(folder, dtype=torch.float32, kernel=kernel)
     if native:
         dict(use_native_ops(model))
-    scheme = getattr(model, "lowbit_scheme", None)
-    counts = getattr(model, "lowbit_kernels", {})
-    if scheme is None or (scheme.activations.bits >= 16 and not counts.get("kept_reference")):
+    from lowbit.bench.decode import runs_in_bf16
+
+    if runs_in_bf16(getattr(model, "lowbit_kernels", {})):
         model.to(dtype=torch.bfloat16)
     return model.eval(), tok
 

@@ -50,13 +50,13 @@ def test_bad_arguments(tmp_path):
 @pytest.mark.model
 def test_decode_small_real_run(tmp_path):
     # w4a16 with RTN quantizes in seconds (the W4A4 presets' clipping search takes minutes on 2 cores)
-    rc = main(["bench", "decode", "--formats", "fp32,w4a16", "--batches", "2", "--prompt", "8", "--new", "3",
+    rc = main(["bench", "decode", "--formats", "fp32,w4a16,w8a8", "--batches", "2", "--prompt", "8", "--new", "3",
                "--repeats", "1", "--calib", "1x32", "--out", str(tmp_path)])
     assert rc == 0
     data = json.loads((tmp_path / "decode.json").read_text())
     rows = data["rows"]
-    assert [r["format"] for r in rows] == ["fp32", "bf16", "w4a16"]  # both float baselines always run
-    fp, bf, q = rows
+    assert [r["format"] for r in rows] == ["fp32", "bf16", "w4a16", "w8a8"]  # both float baselines always run
+    fp, bf, q, a8 = rows
     best = max((fp, bf), key=lambda r: r["decode_tok_s"])
     assert q["best_float"] == best["format"]
     assert q["decode_vs_best_float"] == pytest.approx(q["decode_tok_s"] / best["decode_tok_s"])
@@ -66,10 +66,11 @@ def test_decode_small_real_run(tmp_path):
     for r in rows:
         assert {k: r["kernels"][k] for k in ("norms", "rope", "attention")} == {"norms": 61, "rope": 30, "attention": 1}
     assert q["layer_weight_vs_fp16"] < 0.3 and fp["layer_weight_vs_fp16"] == pytest.approx(2.0, rel=0.01)
-    # fp32 keeps an fp32 cache; the weight-only format runs everything outside its quantized
-    # linears in bf16, as the BF16 baseline does, so its cache is half the size
-    assert fp["kv_vs_fp16"] == pytest.approx(2.0) and q["kv_vs_fp16"] == pytest.approx(1.0)
-    assert fp["kv_bytes"] == 2 * q["kv_bytes"]
+    # fp32 keeps an fp32 cache; the quantized formats, weight-only or not, run everything outside
+    # their quantized linears in bf16, as the BF16 baseline does, so their cache is half the size
+    assert fp["kv_vs_fp16"] == pytest.approx(2.0) and q["kv_vs_fp16"] == a8["kv_vs_fp16"] == pytest.approx(1.0)
+    assert fp["kv_bytes"] == 2 * q["kv_bytes"] == 2 * a8["kv_bytes"]
+    assert a8["kernels"].get("w8a8:cpu:gemm", 0) > 0, a8["kernels"]  # its kernels ran, on bf16 activations
     assert all(r["decode_tok_s"] > 0 and r["peak_mem_bytes"] > 0 for r in rows)
     assert (tmp_path / "decode.png").stat().st_size > 0
 
