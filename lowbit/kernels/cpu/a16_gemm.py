@@ -165,7 +165,8 @@ def dequantize_bf16(w: A16Panels, lib: ctypes.CDLL | None = None, out: torch.Ten
     if out is None:
         out = torch.empty(shape, dtype=torch.bfloat16)
     elif out.shape != shape or out.dtype != torch.bfloat16 or not out.is_contiguous():
-        raise ValueError(f"dequantize_bf16: out must be contiguous bfloat16 {shape}, got {out.dtype} {tuple(out.shape)}")
+        raise ValueError(f"dequantize_bf16: out must be contiguous bfloat16 {shape}, "
+                         f"got {out.dtype} {tuple(out.shape)}")
     lib.a16_gemm_dequant(*w.args, w.out, out.data_ptr(), torch.get_num_threads())
     return out
 

@@ -51,7 +51,7 @@ def symmetric_codes(fn, x: torch.Tensor, n_outliers: int, group: int, ng: int, k
     xsum = torch.empty(t, ng, dtype=torch.int32)
     oq = torch.empty(t, n_outliers, dtype=torch.int16)
     osx = torch.empty(t)
-    if t and fn(x.data_ptr(), int(x.dtype == torch.bfloat16), t, n_in, n, group, ng, kp, bits, clip, int(half), xq.data_ptr(),
-                sx.data_ptr(), xsum.data_ptr(), oq.data_ptr(), osx.data_ptr(), torch.get_num_threads()):
+    if t and fn(x.data_ptr(), int(x.dtype == torch.bfloat16), t, n_in, n, group, ng, kp, bits, clip, int(half),
+                xq.data_ptr(), sx.data_ptr(), xsum.data_ptr(), oq.data_ptr(), osx.data_ptr(), torch.get_num_threads()):
         raise NonFiniteActivations()
     return NativeCodes(xq, sx, xsum, oq, osx)

@@ -2,7 +2,8 @@
 (gather by ``perm`` while loading): one program per (token, group), plus one per token for the
 INT8 outlier block. Same arithmetic as :func:`lowbit.kernels.token_codes.quantize_tokens`
 (signed absmax of the group by first-index argmax, x clip / -2^(b-1), or by compressed-tensors'
-rule absmax x clip / ((2^b - 1) / 2); zero → 1, IEEE division, round half to even, clamp); tested equal to it under ``TRITON_INTERPRET=1``.
+rule absmax x clip / ((2^b - 1) / 2); zero → 1, IEEE division, round half to even, clamp); tested
+equal to it under ``TRITON_INTERPRET=1``.
 """
 
 from __future__ import annotations
