@@ -54,10 +54,11 @@ def run(args) -> int:
         console.print(f"left float: {', '.join(q['ignore'])}")
     act = getattr(getattr(model, "lowbit_scheme", None), "activations", None)
     if act is not None and act.enabled and act.scale_rule == "signed":
+        hi = 2 ** (act.bits - 1) - 1
         console.print("note: activations were quantized on lowbit's grid (the signed absmax on code "
-                      f"-{2 ** (act.bits - 1)}); the format has no field for it, and its readers quantize each token "
-                      "on their own (transformers / compressed-tensors: absmax / 127.5, vLLM: absmax / 127), so "
-                      "they compute a slightly different function; for transformers' exactly, quantize with "
+                      f"-{hi + 1}); the format has no field for it, and its readers quantize each token on their own "
+                      f"(transformers / compressed-tensors: absmax / {hi + 0.5}, vLLM: absmax / {hi}), so they compute "
+                      "a slightly different function; for transformers' exactly, quantize with "
                       "--set activations.scale_rule=compressed-tensors")
     size = sum(f.stat().st_size for f in Path(out).iterdir() if f.is_file())
     console.print(f"wrote {out} ({size / 2**20:.1f} MiB)")

@@ -95,8 +95,7 @@ def prepare(p: LinearParams, method: str | None = None):
             raise KernelError("w8a8 gemm: no C compiler could build its kernel (csrc/i8_gemm.c)")
         kp = -(-p.codes.shape[1] // 4) * 4
         panels = i8_gemm.pack(p.codes, p.scale, 8, kp, kp)
-        args = i8_gemm.linear_args(panels, None, 0, p.codes.shape[1], p.act.bits, p.act.clip,
-                                         p.act.half_range)
+        args = i8_gemm.linear_args(panels, None, 0, p.codes.shape[1], p.act.bits, p.act.clip, p.act.half_range)
         return W8A8NativePrepared(panels, p.act, p.bias, "gemm", args)
     if method == "native":
         return W8A8NativePrepared(w8_gemv.prepare(p.codes, p.scale[:, 0]), p.act, p.bias)

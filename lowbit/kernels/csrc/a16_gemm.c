@@ -60,8 +60,9 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV][2], 
         for (int64_t k = a; k < b; k += 8) {
             vi_t w0[NV], w1[NV], w2[NV], w3[NV];
             for (int v = 0; v < nv; v++) {
-                PANEL_PREFETCH(A->w + panel_at(r0 + v * VL, k, kp, 1));
-                vi_t raw = VLOAD(A->w + panel_at(r0 + v * VL, k, kp, 1)), lo = VMASK4(raw), hi = VSHR4(raw);
+                const uint8_t *p = A->w + panel_at(r0 + v * VL, k, kp, 1);
+                PANEL_PREFETCH(p);
+                vi_t raw = VLOAD(p), lo = VMASK4(raw), hi = VSHR4(raw);
                 w0[v] = VUNPLO8(lo), w1[v] = VUNPHI8(lo), w2[v] = VUNPLO8(hi), w3[v] = VUNPHI8(hi);
             }
             for (int m = 0; m < mr; m++) {
@@ -76,8 +77,9 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV][2], 
         for (int64_t k = a; k < b; k += 4) {
             vi_t w0[NV], w1[NV];
             for (int v = 0; v < nv; v++) {
-                PANEL_PREFETCH(A->w + panel_at(r0 + v * VL, k, kp, 0));
-                vi_t raw = VLOAD(A->w + panel_at(r0 + v * VL, k, kp, 0));
+                const uint8_t *p = A->w + panel_at(r0 + v * VL, k, kp, 0);
+                PANEL_PREFETCH(p);
+                vi_t raw = VLOAD(p);
                 w0[v] = VUNPLO8(raw), w1[v] = VUNPHI8(raw);
             }
             for (int m = 0; m < mr; m++) {
@@ -139,8 +141,9 @@ static vi_t *widen(const struct a16_args *A, int64_t r0, int nv) {
     vi_t *o = wide_buf;
     for (int64_t k = 0; k < A->kp; k += A->nibbles ? 8 : 4)
         for (int v = 0; v < nv; v++) {
-            PANEL_PREFETCH(A->w + panel_at(r0 + v * VL, k, A->kp, A->nibbles));
-            vi_t raw = VLOAD(A->w + panel_at(r0 + v * VL, k, A->kp, A->nibbles));
+            const uint8_t *p = A->w + panel_at(r0 + v * VL, k, A->kp, A->nibbles);
+            PANEL_PREFETCH(p);
+            vi_t raw = VLOAD(p);
             if (A->nibbles) {
                 vi_t lo = VMASK4(raw), hi = VSHR4(raw);
                 *o++ = VUNPLO8(lo), *o++ = VUNPHI8(lo), *o++ = VUNPLO8(hi), *o++ = VUNPHI8(hi);

@@ -108,9 +108,9 @@ static void act_sym_item(const void *ctx, int64_t item) {
                  int threads) {                                                                                    \
         if (t <= ACT_SYM_BLOCK || threads <= 1)                                                                    \
             return act_sym_tokens(x, bf16, t, n_in, n, group, ng, kp, bits, clip, half, xq, sx, xsum, oq, osx);  \
-        struct act_sym_job J = {.x = x, .bf16 = bf16, .bits = bits, .half = half, .t = t, .n_in = n_in, .n = n, .group = group, \
-                                .ng = ng, .kp = kp, .block = ACT_SYM_BLOCK, .clip = clip, .xq = xq, .oq = oq,      \
-                                .sx = sx, .osx = osx, .xsum = xsum};                                               \
+        struct act_sym_job J = {.x = x, .bf16 = bf16, .bits = bits, .half = half, .t = t, .n_in = n_in, .n = n,   \
+                                .group = group, .ng = ng, .kp = kp, .block = ACT_SYM_BLOCK, .clip = clip, .xq = xq, \
+                                .oq = oq, .sx = sx, .osx = osx, .xsum = xsum};                                     \
         pool_run(act_sym_item, &J, (t + ACT_SYM_BLOCK - 1) / ACT_SYM_BLOCK, threads);                             \
         return atomic_load(&J.bad);                                                                                \
     }

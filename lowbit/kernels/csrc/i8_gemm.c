@@ -92,8 +92,9 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV], con
         for (int64_t k = a; k < b; k += 8) {
             vi_t lo[NV], hi[NV];
             for (int v = 0; v < nv; v++) {
-                PANEL_PREFETCH(w + panel_at(r0 + v * VL, k, kp, 1));
-                vi_t raw = VLOAD(w + panel_at(r0 + v * VL, k, kp, 1));
+                const uint8_t *p = w + panel_at(r0 + v * VL, k, kp, 1);
+                PANEL_PREFETCH(p);
+                vi_t raw = VLOAD(p);
                 lo[v] = VMASK4(raw), hi[v] = VSHR4(raw);
             }
             for (int m = 0; m < mr; m++) {
@@ -105,8 +106,9 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV], con
         for (int64_t k = a; k < b; k += 4) {
             vi_t wv[NV];
             for (int v = 0; v < nv; v++) {
-                PANEL_PREFETCH(w + panel_at(r0 + v * VL, k, kp, 0));
-                wv[v] = VLOAD(w + panel_at(r0 + v * VL, k, kp, 0));
+                const uint8_t *p = w + panel_at(r0 + v * VL, k, kp, 0);
+                PANEL_PREFETCH(p);
+                wv[v] = VLOAD(p);
             }
             for (int m = 0; m < mr; m++) {
                 vi_t xb = VBCAST32(x + m * xstride + k);
@@ -321,9 +323,9 @@ int i8_gemm_linear(const uint8_t *w, int nibbles, const float *sw, int32_t zero,
     if ((perm && !xg) || !xq || !sx || !xsum) goto done;
     int16_t *oq = xq + t * kp;
     float *osx = sx + t * ng;
-    struct act_sym_job J = {.x = x, .bf16 = x_bf16, .bits = bits, .half = half, .perm = perm, .xg = xg, .t = t, .n_in = n_in,
-                            .n = n, .group = group, .ng = ng, .kp = kp, .block = TOKENS_PER_ITEM, .clip = clip,
-                            .xq = xq, .oq = oq, .sx = sx, .osx = osx, .xsum = xsum};
+    struct act_sym_job J = {.x = x, .bf16 = x_bf16, .bits = bits, .half = half, .perm = perm, .xg = xg, .t = t,
+                            .n_in = n_in, .n = n, .group = group, .ng = ng, .kp = kp, .block = TOKENS_PER_ITEM,
+                            .clip = clip, .xq = xq, .oq = oq, .sx = sx, .osx = osx, .xsum = xsum};
     pool_run(act_sym_item, &J, (t + TOKENS_PER_ITEM - 1) / TOKENS_PER_ITEM, threads);
     rc = -2;
     if (atomic_load(&J.bad)) goto done;
