@@ -31,10 +31,9 @@ SCHEMES = {
 
 
 def _ppl(model, windows: torch.Tensor) -> float:
-    from lowbit.eval.perplexity import window_nll
+    from lowbit.eval.perplexity import window_perplexity
 
-    with torch.inference_mode():
-        return math.exp(float(window_nll(model, windows).double().mean()))
+    return window_perplexity(model, windows)
 
 
 def _nudged(model, rel: float = 1e-7):

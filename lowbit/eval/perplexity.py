@@ -45,6 +45,13 @@ def window_nll(model, ids: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def window_perplexity(model, ids: torch.Tensor) -> float:
+    """exp of the mean per-token NLL of windows ``ids [B, T]`` (:func:`window_nll`, no autograd):
+    the number the readers of one checkpoint are compared on."""
+    with torch.inference_mode():
+        return math.exp(float(window_nll(model, ids).double().mean()))
+
+
 def perplexity(
     model,
     tokenizer,

@@ -3,7 +3,6 @@ transformers: its WikiText-2 perplexity equals lowbit's own evaluation of the ch
 reference forward) to 0.1 % (measured: to every digit). On lowbit's own grid it does not need to:
 the readers quantize activations on theirs (README, export section)."""
 
-import math
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ def test_transformers_perplexity_equals_lowbits_on_the_formats_grid(tmp_path):
 
     from lowbit.checkpoint import load_model
     from lowbit.data import calibration_ids
-    from lowbit.eval.perplexity import window_nll
+    from lowbit.eval.perplexity import window_perplexity
     from lowbit.eval.windows import eval_windows
     from lowbit.export import export_compressed_tensors
     from lowbit.quantize import get_scheme, quantize_model
@@ -32,5 +31,5 @@ def test_transformers_perplexity_equals_lowbits_on_the_formats_grid(tmp_path):
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     with torch.inference_mode():
         hf(windows[:1, :8])  # transformers decompresses the weights in its first whole forward
-        ours, theirs = (math.exp(float(window_nll(m.eval(), windows).double().mean())) for m in (model, hf))
+    ours, theirs = (window_perplexity(m.eval(), windows) for m in (model, hf))
     assert abs(theirs / ours - 1) <= 1e-3, (ours, theirs)

@@ -76,10 +76,9 @@ def served(request, default_model, windows, vllm_python, tmp_path_factory):
 
 
 def _lowbit_ppl(model, windows) -> float:
-    from lowbit.eval.perplexity import window_nll
+    from lowbit.eval.perplexity import window_perplexity
 
-    with torch.inference_mode():
-        return math.exp(float(window_nll(model, windows).double().mean()))
+    return window_perplexity(model, windows)
 
 
 # vLLM computes in bf16 (8 significant bits), lowbit's evaluation in fp32: on these windows

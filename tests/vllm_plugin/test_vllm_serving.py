@@ -108,10 +108,9 @@ def served(vllm_python, tmp_path_factory):
 
 
 def _ppl(model, windows) -> float:
-    from lowbit.eval.perplexity import window_nll
+    from lowbit.eval.perplexity import window_perplexity
 
-    with torch.inference_mode():
-        return math.exp(float(window_nll(model, windows).double().mean()))
+    return window_perplexity(model, windows)
 
 
 def _rounding_sensitivity(model, windows, ppl, monkeypatch) -> float:
