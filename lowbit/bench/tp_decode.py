@@ -5,6 +5,8 @@ same run; checks that plain all-reduce generates exactly the single-process gree
 Run: ``lowbit bench tp-decode --tp 2 --batches 1 8 --link-gbit 2``.
 A shaped link (``--link-gbit N``, root + iproute2) runs the
 ranks in a private network namespace whose loopback is rate-limited (lowbit.bench.netns).
+Under ``torchrun`` (one process per rank, on one host or several: ``scripts/two_hosts.sh``) each
+process is one rank and the launcher's network is the link; rank 0 reports.
 """
 
 from __future__ import annotations
@@ -63,15 +65,61 @@ def make_prompts(path: str, n: int, length: int, random: bool, vocab: int) -> to
     return calibration_ids(load_tokenizer(path), n, length, seed=1)
 
 
+def init_torchrun(a) -> int:
+    """Join the process group torchrun describes (gloo: the shards run on the CPU); this rank."""
+    import datetime
+    import os
+
+    import torch.distributed as dist
+
+    from lowbit.errors import UsageError
+
+    if a.link_gbit or a.skip_unshaped:
+        raise UsageError("under torchrun the launcher's network is the link: drop --link-gbit / --skip-unshaped "
+                         "(scripts/two_hosts.sh shapes its veth with GBIT=N)")
+    if int(os.environ["WORLD_SIZE"]) != a.tp:
+        raise UsageError(f"--tp {a.tp} but torchrun started {os.environ['WORLD_SIZE']} ranks")
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=a.timeout))
+    torch.set_num_threads(1)  # as the local ranks: one torch thread per rank
+    return dist.get_rank()
+
+
+def share_from_rank0(make):
+    """``make()``'s value on rank 0, sent to every rank; an exception on rank 0 is raised on all of
+    them (peers fail at once instead of waiting out the group's timeout)."""
+    import torch.distributed as dist
+
+    box = [None]
+    if dist.get_rank() == 0:
+        try:
+            box = [("ok", make())]
+        except Exception as e:
+            box = [("error", e)]
+    dist.broadcast_object_list(box, src=0)
+    status, value = box[0]
+    if status == "error":
+        raise value
+    return value
+
+
 def measure_tp(spec: dict) -> list[dict]:
-    """Run the TP ranks on this host's current network; rank 0's rows, with token checks."""
-    from lowbit.parallel.launch import check_results, run_ranks
+    """Run the TP ranks on this host's current network (or, under torchrun, this process as one
+    of them); rank 0's rows, with token checks."""
+    from lowbit.parallel.launch import check_results, run_ranks, under_torchrun
 
     prompts = [torch.tensor(p, dtype=torch.long) for p in spec["prompts"]]
-    per_rank = check_results(run_ranks(
-        decode_rank, spec["tp"], spec["path"], spec["methods"], prompts, spec["new"], spec["repeats"],
-        spec["check_metadata"], spec.get("policy", "auto"), timeout_s=spec["timeout"], deadline_s=spec["deadline"],
-    ))
+    args = (spec["path"], spec["methods"], prompts, spec["new"], spec["repeats"], spec["check_metadata"],
+            spec.get("policy", "auto"))
+    if under_torchrun():
+        import torch.distributed as dist
+
+        mine = decode_rank(dist.get_rank(), dist.get_world_size(), *args)
+        per_rank = [None] * dist.get_world_size()
+        dist.all_gather_object(per_rank, mine)
+    else:
+        per_rank = check_results(run_ranks(decode_rank, spec["tp"], *args, timeout_s=spec["timeout"],
+                                           deadline_s=spec["deadline"]))
     rows = per_rank[0]
     for i, row in enumerate(rows):  # both reducers leave every rank with the same sums -> same tokens
         same = all(other[i]["tokens"] == row["tokens"] for other in per_rank[1:])
@@ -128,15 +176,19 @@ def print_tables(rows: list[dict], ref_rows: list[dict], a, console) -> None:
     from rich.table import Table
 
     t = Table(title=f"TP={a.tp} greedy decode, {a.model}, fp32, prompt {a.prompt} + {a.new} new tokens, "
-                    f"median of {a.repeats}, tokens/s on rank 0, codec policy {getattr(a, 'policy', 'auto')}")
-    for c in ("link", "batch", "all-reduce", "path", "tok/s", "vs plain", "vs single", "step ms", "AR/step",
+                    f"{a.repeats} repeats, methods in lockstep, tokens/s on rank 0 (median step; runs: median run; "
+                    f"paired: median of plain's step / this step), "
+                    f"codec policy {getattr(a, 'policy', 'auto')}")
+    for c in ("link", "batch", "all-reduce", "path", "tok/s", "runs", "vs plain", "paired", "vs single", "step ms",
+              "AR/step",
               "msg", "AR us", "AR ms/step", "tokens = single"):
         t.add_column(c, justify="right")
     for r in rows:
         na = r["method"] == "none"
         t.add_row(r["link"], str(r["batch"]), r["method"] + (" (no comm)" if na else ""), r.get("path", "-"),
-                  f"{r['tok_s']:.1f}",
-                  "-" if r["vs_plain"] is None else f"{r['vs_plain']:.2f}x", f"{r['vs_single']:.2f}x",
+                  f"{r['tok_s']:.1f}", f"{r['tok_s_runs']:.1f}",
+                  "-" if r["vs_plain"] is None else f"{r['vs_plain']:.2f}x",
+                  "-" if r.get("vs_plain_paired") is None else f"{r['vs_plain_paired']:.3f}x", f"{r['vs_single']:.2f}x",
                   f"{r['step_ms']:.1f}", f"{r['allreduces_per_step']:g}", f"{r['message_bytes']} B",
                   "-" if na else f"{r['allreduce_s'] * 1e6:.0f}", "-" if na else f"{r['comm_ms_per_step']:.1f}",
                   "-" if na else f"{r['token_match']:.3f} (prefix {r['match_prefix']:.1f})")
@@ -199,19 +251,28 @@ def run(a: argparse.Namespace) -> int:
         return _worker(*a.tp_worker)
     from rich.console import Console
 
+    from lowbit.bench import machine
     from lowbit.errors import UsageError
     from lowbit.io.atomic import write_json
     from lowbit.io.outputs import check_output_dir
+    from lowbit.parallel.launch import under_torchrun
 
     console = Console(width=max(150, Console().width))
     path = check_args(a)
-    check_output_dir(a.out, "--out")
+    torchrun = under_torchrun()
+    rank = init_torchrun(a) if torchrun else 0
+    if rank == 0:
+        check_output_dir(a.out, "--out")
     t_start = time.perf_counter()
-    model = reference_model(path)
-    try:
-        prompts_all = make_prompts(path, max(a.batches), a.prompt, a.random_prompts, model.config.vocab_size)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"no tokenizer or text for the prompts ({e}); use --random-prompts") from e
+    model = reference_model(path) if rank == 0 else None
+
+    def prompts_for_all():
+        try:
+            return make_prompts(path, max(a.batches), a.prompt, a.random_prompts, model.config.vocab_size)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"no tokenizer or text for the prompts ({e}); use --random-prompts") from e
+
+    prompts_all = share_from_rank0(prompts_for_all) if torchrun else prompts_for_all()
     prompts = [prompts_all[:b] for b in a.batches]
     spec = {"path": path, "tp": a.tp, "methods": list(dict.fromkeys(a.allreduce)), "prompts": [p.tolist() for p in prompts],
             "new": a.new, "repeats": a.repeats, "check_metadata": not a.no_metadata_check,
@@ -220,9 +281,12 @@ def run(a: argparse.Namespace) -> int:
     links = ([] if a.skip_unshaped else [None]) + list(a.link_gbit)
     tp_rows = []
     for gbit in links:
-        label = "unshaped" if gbit is None else f"{gbit:g} Gbit/s"
-        console.print(f"TP={a.tp} decode, {label} ...")
+        label = (a.link_label or ("torchrun" if torchrun else "unshaped")) if gbit is None else f"{gbit:g} Gbit/s"
+        if rank == 0:
+            console.print(f"TP={a.tp} decode, {label} ...")
         rows = measure_tp(spec) if gbit is None else _measure_shaped(spec, gbit)
+        if rank != 0:  # under torchrun rank 0 reports
+            return 0
         tp_rows += [r | {"link": label} for r in rows]
         write_json(a.out / "tp_decode.partial.json", {"meta": {"args": argv_meta(a)}, "tp_rows": tp_rows})
     ref_rows = []
@@ -233,8 +297,10 @@ def run(a: argparse.Namespace) -> int:
     plain_ok = all(r["token_match"] == 1.0 for r in rows if r["method"] == "plain")
     console.print(f"plain all-reduce tokens {'equal' if plain_ok else 'DIFFER FROM'} the single-process greedy tokens")
     wall = time.perf_counter() - t_start
-    meta = argv_meta(a) | {"allreduce_sources_sha1": source_digest(), "checkpoint": path, "torch": torch.__version__, "wall_s": wall, "rank_threads": 1,
-             "plain_tokens_equal_single": plain_ok}
+    meta = argv_meta(a) | {"allreduce_sources_sha1": source_digest(), "checkpoint": path, "torch": torch.__version__,
+                           "wall_s": wall, "rank_threads": 1, "plain_tokens_equal_single": plain_ok,
+                           "torchrun": torchrun, "machine": machine.report(),
+                           "tok_s_is": "batch / median one-token step of all repeats (tok_s_runs: from the median run)"}
     write_json(a.out / "tp_decode.json", {"meta": meta, "rows": rows, "single_process": ref_rows})
     (a.out / "tp_decode.partial.json").unlink(missing_ok=True)
     plot(rows, a.out / "tp_decode.png", f"TP={a.tp} decode tokens/s, {a.model}")

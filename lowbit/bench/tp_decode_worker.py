@@ -35,6 +35,7 @@ class GreedyRun:
     tokens: torch.Tensor  # [B, n_new] int64, the generated tokens
     prefill_s: float  # the prompt forward, which also yields the first new token
     decode_s: float  # the n_new - 1 one-token steps
+    step_s: list[float]  # each one-token step's time (their sum is within timer overhead of decode_s)
 
 
 def greedy_decode(model, ids: torch.Tensor, n_new: int, after_prefill: Callable[[], None] | None = None) -> GreedyRun:
@@ -54,13 +55,65 @@ def greedy_decode(model, ids: torch.Tensor, n_new: int, after_prefill: Callable[
         if after_prefill is not None:
             after_prefill()
         t1b = time.perf_counter()
-        cache, toks = out.cache, [nxt]
+        cache, toks, steps, last = out.cache, [nxt], [], t1b
         for _ in range(n_new - 1):
             out = model(input_ids=nxt[:, None], cache=cache, use_cache=True, logits_to_keep=1)
             cache, nxt = out.cache, out.logits[:, -1].argmax(-1)
             toks.append(nxt)
+            now = time.perf_counter()
+            steps.append(now - last)
+            last = now
         t2 = time.perf_counter()
-    return GreedyRun(torch.stack(toks, 1), t1 - t0, t2 - t1b)
+    return GreedyRun(torch.stack(toks, 1), t1 - t0, t2 - t1b, steps)
+
+
+def lockstep_decode(model, ids: torch.Tensor, n_new: int, methods: list[str],
+                    use: Callable[[str], None]) -> dict[str, GreedyRun]:
+    """Greedy generation of ``n_new`` tokens with every method at once: each method's prompt
+    forward, then step by step each method's one-token forward in turn, step k starting with
+    method k mod M (no method always first; ``use(m)`` switches the model to method m).
+    Consecutive steps of the methods run within milliseconds of each other, so slow phases of a
+    shared machine hit all methods alike; each method keeps its own cache and tokens, computed
+    exactly as ``greedy_decode`` computes them."""
+    if ids.dim() != 2 or ids.numel() == 0 or ids.dtype != torch.long or n_new < 2:
+        raise ValueError(f"need non-empty int64 [batch, tokens] ids and n_new >= 2, got {tuple(ids.shape)}, "
+                         f"{ids.dtype}, {n_new}")
+    state, pre, steps, toks = {}, {}, {m: [] for m in methods}, {}
+    with torch.inference_mode():
+        for m in methods:
+            use(m)
+            t0 = time.perf_counter()
+            out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+            state[m] = (out.cache, out.logits[:, -1].argmax(-1))
+            pre[m] = time.perf_counter() - t0
+            toks[m] = [state[m][1]]
+        for k in range(n_new - 1):
+            for m in methods[k % len(methods):] + methods[:k % len(methods)]:  # each method first in turn
+                use(m)
+                cache, nxt = state[m]
+                t0 = time.perf_counter()
+                out = model(input_ids=nxt[:, None], cache=cache, use_cache=True, logits_to_keep=1)
+                state[m] = (out.cache, out.logits[:, -1].argmax(-1))
+                steps[m].append(time.perf_counter() - t0)
+                toks[m].append(state[m][1])
+    return {m: GreedyRun(torch.stack(toks[m], 1), pre[m], sum(steps[m]), steps[m]) for m in methods}
+
+
+def paired_ratio(base_steps: list[float], steps: list[float]) -> float:
+    """Median over the steps of (base step time / this method's step time), the two methods'
+    steps taken in lockstep: a speed ratio (> 1: faster than the base) from paired samples."""
+    if len(base_steps) != len(steps) or not steps:
+        raise ValueError(f"paired steps must match in number, got {len(base_steps)} and {len(steps)}")
+    return statistics.median(b / t for b, t in zip(base_steps, steps))
+
+
+def step_stats(b: int, n_new: int, decode_s: list[float], step_s: list[float]) -> dict:
+    """Decode speed of repeated runs at batch ``b``: ``tok_s`` from the median one-token step of all
+    runs (a step that another process interrupted lands in the tail, not in the middle: on a shared
+    2-core machine this is far steadier than whole runs), ``tok_s_runs`` from the median run."""
+    d, step = statistics.median(decode_s), statistics.median(step_s)
+    return {"decode_s": d, "decode_s_all": decode_s, "step_s_all": step_s, "step_ms": 1e3 * step,
+            "step_ms_mean": 1e3 * statistics.fmean(step_s), "tok_s": b / step, "tok_s_runs": b * (n_new - 1) / d}
 
 
 class CountingReducer:
@@ -126,7 +179,9 @@ def time_greedy(model, ids: torch.Tensor, n_new: int, repeats: int, warmup_new: 
     sync = sync or (lambda: None)
     sync()
     greedy_decode(model, ids, min(warmup_new, n_new))
-    pre, dec, tokens = [], [], None
+    if n_new < 2:
+        raise ValueError(f"need n_new >= 2 to time decode steps, got {n_new}")
+    pre, dec, steps, tokens = [], [], [], None
     for _ in range(repeats):
         sync()
         run = greedy_decode(model, ids, n_new)
@@ -135,10 +190,8 @@ def time_greedy(model, ids: torch.Tensor, n_new: int, repeats: int, warmup_new: 
         tokens = run.tokens
         pre.append(run.prefill_s)
         dec.append(run.decode_s)
-    b = ids.shape[0]
-    d = statistics.median(dec)
-    return {"batch": b, "prefill_s": statistics.median(pre), "decode_s": d, "decode_s_all": dec,
-            "step_ms": 1e3 * d / max(n_new - 1, 1), "tok_s": b * (n_new - 1) / d if n_new > 1 else float("nan"),
+        steps += run.step_s
+    return {"batch": ids.shape[0], "prefill_s": statistics.median(pre), **step_stats(ids.shape[0], n_new, dec, steps),
             "tokens": tokens.tolist()}
 
 
@@ -166,10 +219,11 @@ def time_reducer(reduce: Callable[[torch.Tensor], torch.Tensor], shape: tuple[in
 def decode_rank(rank: int, world: int, path: str, methods: list[str], prompts: list[torch.Tensor], n_new: int,
                 repeats: int, check_metadata: bool = True, policy: str = "auto") -> list[dict]:
     """One rank of the TP decode benchmark: load the shard once; per prompt batch, warm every
-    method up and count its all-reduces per step, then time greedy decoding and the reducer alone
-    with the methods *interleaved* in every repeat (a shared, loaded machine drifts; interleaving
-    gives every method the same share of it). Every rank returns its rows (the parent checks that
-    all ranks generated the same tokens and reports rank 0's times)."""
+    method up and count its all-reduces per step, then per repeat decode with all methods in
+    lockstep (``lockstep_decode``: a shared, loaded machine drifts; interleaving the methods step
+    by step gives every method the same share of it) and time the reducer alone. Every rank
+    returns its rows (the parent checks that all ranks generated the same tokens and reports rank
+    0's times)."""
     import torch.distributed as dist
 
     from lowbit.parallel.shard import load_tp_shard
@@ -198,30 +252,33 @@ def decode_rank(rank: int, world: int, path: str, methods: list[str], prompts: l
             per_step[m] = (counter.calls - marks[0]) / 2
         pre = {m: [] for m in reducers}
         dec = {m: [] for m in reducers}
+        steps = {m: [] for m in reducers}
         ar = {m: [] for m in reducers}
         toks: dict[str, torch.Tensor] = {}
         for _ in range(repeats):
-            for m in reducers:
-                use(m)
-                dist.barrier()
-                run = greedy_decode(model, ids, n_new)
+            dist.barrier()
+            runs = lockstep_decode(model, ids, n_new, list(reducers), use)
+            for m, run in runs.items():
                 if m in toks and not torch.equal(toks[m], run.tokens):
                     raise RuntimeError(f"greedy decoding with {m} is not deterministic across repeats")
                 toks[m] = run.tokens
                 pre[m].append(run.prefill_s)
                 dec[m].append(run.decode_s)
+                steps[m] += run.step_s
+            for m in reducers:
                 if m != "none":
                     ar[m].append(time_reducer(reducers[m], (b, hidden), max(int(per_step[m]), 1), 1, dist.barrier))
         for m in reducers:
-            d = statistics.median(dec[m])
-            row = {"batch": b, "method": m, "prefill_s": statistics.median(pre[m]), "decode_s": d, "decode_s_all": dec[m],
-                   "step_ms": 1e3 * d / (n_new - 1), "tok_s": b * (n_new - 1) / d, "tokens": toks[m].tolist(),
+            row = {"batch": b, "method": m, "prefill_s": statistics.median(pre[m]),
+                   **step_stats(b, n_new, dec[m], steps[m]), "tokens": toks[m].tolist(),
+                   "vs_plain_paired": paired_ratio(steps["plain"], steps[m]) if "plain" in steps else None,
                    "allreduces_per_step": per_step[m], "message_bytes": b * hidden * 4,
                    "allreduce_s": statistics.median(ar[m]) if ar[m] else 0.0,
                    "path": "none" if m == "none" else reducer_path(reducers[m], (b, hidden))}
             rows.append(row)
             if rank == 0:
-                print(f"  batch {b} {m:>5}: {row['tok_s']:.1f} tok/s, step {row['step_ms']:.1f} ms, "
+                paired = "" if row["vs_plain_paired"] is None else f" ({row['vs_plain_paired']:.3f}x plain, paired)"
+                print(f"  batch {b} {m:>5}: {row['tok_s']:.1f} tok/s{paired}, step {row['step_ms']:.1f} ms, "
                       f"all-reduce {row['allreduce_s'] * 1e6:.0f} us x {per_step[m]:g} ({row['path']})", flush=True)
     return rows
 

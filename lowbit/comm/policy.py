@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -96,6 +96,8 @@ class SizePolicy:
     max_bytes: int | None = None
     table: dict | None = None
     twoshot_min_bytes: int | None = None
+    # decided paths per (bytes, dtype, environment): a decode step asks 60 times for the same few
+    _paths: dict = field(default_factory=dict, repr=False, compare=False)
 
     def window(self, dtype: torch.dtype) -> tuple[int, int, str]:
         """(min_bytes, max_bytes, where they came from)."""
@@ -131,7 +133,16 @@ class SizePolicy:
         return lo <= nbytes <= hi
 
     def path(self, nbytes: int, dtype: torch.dtype) -> str:
-        """"plain", "oneshot" or "twoshot" for a message of ``nbytes`` of ``dtype``."""
-        if not self.use_quick(nbytes, dtype):
-            return "plain"
-        return "oneshot" if nbytes < self.twoshot_from(dtype) else "twoshot"
+        """"plain", "oneshot" or "twoshot" for a message of ``nbytes`` of ``dtype``; decided once
+        per size, dtype and value of the three environment variables (read on every call)."""
+        key = (nbytes, dtype, os.environ.get(ENV_MIN), os.environ.get(ENV_MAX), os.environ.get(ENV_TWOSHOT))
+        path = self._paths.get(key)
+        if path is None:
+            if not self.use_quick(nbytes, dtype):
+                path = "plain"
+            else:
+                path = "oneshot" if nbytes < self.twoshot_from(dtype) else "twoshot"
+            if len(self._paths) >= 4096:  # ever-new sizes: keep memory bounded
+                self._paths.clear()
+            self._paths[key] = path
+        return path

@@ -131,7 +131,8 @@ def _gemm(kinds) -> None:
 def _tp_decode(kinds) -> None:
     p = kinds.add_parser("tp-decode", help="TP decode tokens/s per all-reduce (plain, codecs), unshaped and shaped links")
     p.add_argument("--model", default="default")
-    p.add_argument("--tp", type=positive_int, default=2, help="ranks (local gloo processes, 1 torch thread each)")
+    p.add_argument("--tp", type=positive_int, default=2,
+                   help="ranks (local gloo processes, 1 torch thread each; under torchrun, its world size)")
     p.add_argument("--allreduce", nargs="+", default=list(tp_decode.DEFAULT_METHODS), type=decode_method,
                    help="none, plain or codecs with +h / +oN options (" + ", ".join(tp_decode_worker.DECODE_METHODS) +
                         "; +oN: one outlier set for the model, calibrated); 'none' = no communication (wrong sums; "
@@ -141,9 +142,15 @@ def _tp_decode(kinds) -> None:
     p.add_argument("--random-prompts", action="store_true",
                    help="uniformly random token ids instead of text (models without a tokenizer)")
     p.add_argument("--new", type=positive_int, default=32, help="generated tokens per sequence")
-    p.add_argument("--repeats", type=positive_int, default=3, help="timed runs per point after a warm-up (median)")
+    p.add_argument("--repeats", type=positive_int, default=3,
+                   help="timed runs per point after a warm-up, all methods decoding in lockstep (step by step in "
+                        "turn); tok/s from the median one-token step of all runs (the median run's also reported), "
+                        "'paired' from the median of plain's step time over the method's in the same round")
     p.add_argument("--link-gbit", type=positive_float, nargs="*", default=[], help="also measure on links shaped to N Gbit/s")
     p.add_argument("--skip-unshaped", action="store_true", help="measure only the shaped links")
+    p.add_argument("--link-label", default=None,
+                   help="the unshaped link's name in the tables (under torchrun: the launcher's network, e.g. "
+                        "'two hosts, 2 Gbit/s'; default 'unshaped', or 'torchrun')")
     p.add_argument("--no-metadata-check", action="store_true", help="codecs skip the cross-rank size/dtype check")
     p.add_argument("--policy", default="auto", choices=tp_decode_worker.POLICIES,
                    help="auto: each codec's size policy (tuned table or defaults) picks plain, one-shot or two-shot "

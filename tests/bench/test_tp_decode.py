@@ -144,3 +144,77 @@ def test_text_prompts_need_a_tokenizer(tiny, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(decode_bench, "measure_tp", lambda *a, **k: pytest.fail("ranks were launched"))
     assert cli_main(["bench", "tp-decode", "--model", str(folder), "--out", str(tmp_path)]) == 2
     assert "--random-prompts" in capsys.readouterr().err
+
+
+def _torchrun(folder, out, *extra, timeout=240):
+    """`lowbit bench tp-decode` as two torchrun ranks on this host (each process one rank)."""
+    import sys
+
+    from lowbit.parallel.launch import free_port
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "lowbit", "bench", "tp-decode",
+           "--model", str(folder), "--prompt", "6", "--new", "4", "--repeats", "2", "--batches", "2",
+           "--allreduce", "plain", "int4", "--ref-threads", "1", "--timeout", "60", "--out", str(out), *extra]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_under_torchrun_each_process_is_one_rank(tiny, tmp_path):
+    _, folder = tiny
+    r = _torchrun(folder, tmp_path / "ok", "--random-prompts", "--link-label", "two test ranks")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    data = json.loads((tmp_path / "ok" / "tp_decode.json").read_text())
+    assert data["meta"]["torchrun"] is True and data["meta"]["plain_tokens_equal_single"] is True
+    assert data["meta"]["machine"]["cpu"]  # every number names its CPU
+    rows = {(r["link"], r["method"]): r for r in data["rows"]}
+    assert set(rows) == {("two test ranks", "plain"), ("two test ranks", "int4")}
+    for r in rows.values():  # every rank generated the same tokens; plain equals the single process
+        assert r["ranks_agree"] and r["allreduces_per_step"] == 2 * LAYERS and r["tok_s"] > 0 and r["tok_s_runs"] > 0
+    assert rows[("two test ranks", "plain")]["token_match"] == 1.0
+    # rank 0 failing before the ranks meet (no tokenizer for text prompts) fails the run, not a hang
+    # (rank 1 raises the same error unless torchrun has already stopped it)
+    bad = _torchrun(folder, tmp_path / "bad", timeout=120)
+    assert bad.returncode != 0 and "--random-prompts" in bad.stderr, bad.stderr[-2000:]
+    shaped = _torchrun(folder, tmp_path / "shaped", "--random-prompts", "--link-gbit", "2", timeout=120)
+    assert shaped.returncode != 0 and "under torchrun the launcher's network is the link" in shaped.stderr
+
+
+def test_step_stats_take_the_median_step():
+    from lowbit.bench.tp_decode_worker import step_stats
+
+    # two runs of 3 steps; one step interrupted (0.5 s): the median step ignores it, the runs do not
+    s = step_stats(4, 4, [0.3, 0.7], [0.1, 0.1, 0.1, 0.1, 0.1, 0.5])
+    assert s["step_ms"] == pytest.approx(100.0) and s["tok_s"] == pytest.approx(40.0)
+    assert s["tok_s_runs"] == pytest.approx(4 * 3 / 0.5) and s["step_ms_mean"] == pytest.approx(1e3 * 1.0 / 6)
+
+
+def test_greedy_run_times_each_step(tiny):
+    model, _ = tiny
+    run = greedy_decode(model, torch.zeros(2, 5, dtype=torch.long), 4)
+    assert len(run.step_s) == 3 and all(t > 0 for t in run.step_s)
+    assert sum(run.step_s) <= run.decode_s
+
+
+def test_lockstep_decode_equals_each_method_alone(tiny):
+    """Methods decoded step by step in turn give each method exactly its own greedy tokens."""
+    from lowbit.bench.tp_decode_worker import lockstep_decode, paired_ratio
+
+    model, _ = tiny
+    ids = torch.randint(0, 128, (2, 5), generator=torch.Generator().manual_seed(3))
+    scales = {"a": 1.0, "b": -1.0}  # two "methods": the LM head's weight as is or negated
+    head = model.lm_head.weight.detach().clone()
+
+    def use(m):
+        model.lm_head.weight.data.copy_(head * scales[m])
+
+    runs = lockstep_decode(model, ids, 5, ["a", "b"], use)
+    for m in scales:
+        use(m)
+        alone = greedy_decode(model, ids, 5)
+        assert torch.equal(runs[m].tokens, alone.tokens) and len(runs[m].step_s) == 4
+    use("a")
+    assert not torch.equal(runs["a"].tokens, runs["b"].tokens)  # the switch really took effect
+    assert paired_ratio([2.0, 4.0, 6.0], [1.0, 4.0, 2.0]) == 2.0
+    with pytest.raises(ValueError, match="match in number"):
+        paired_ratio([1.0], [1.0, 2.0])

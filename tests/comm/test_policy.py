@@ -98,6 +98,21 @@ def test_path_choice_and_its_precedence(monkeypatch):
     assert SizePolicy("int4", 2, table=table, twoshot_min_bytes=0).path(5000, torch.bfloat16) == "oneshot"
 
 
+def test_decided_paths_are_remembered_until_the_environment_changes(monkeypatch):
+    for name in ("LOWBIT_QR_MIN_BYTES", "LOWBIT_QR_MAX_BYTES", "LOWBIT_QR_TWOSHOT_MIN_BYTES"):
+        monkeypatch.delenv(name, raising=False)
+    table = {table_key("int4", 2, torch.float32): {"min_bytes": 100, "max_bytes": 10000, "twoshot_min_bytes": 1000}}
+    p = SizePolicy("int4", 2, table=table)
+    assert p.path(2304, torch.float32) == "twoshot"
+    table.clear()  # the decision is kept: the table is not read again for this size
+    assert p.path(2304, torch.float32) == "twoshot" and p.path(50, torch.float32) == "plain"
+    monkeypatch.setenv("LOWBIT_QR_MIN_BYTES", "0")  # an environment override still counts at once
+    assert p.path(2304, torch.float32) == "oneshot"
+    monkeypatch.setenv("LOWBIT_QR_MIN_BYTES", "oops")
+    with pytest.raises(ValueError, match="LOWBIT_QR_MIN_BYTES"):
+        p.path(2304, torch.float32)
+
+
 def test_oneshot_model_terms():
     link = LinkFit(alpha_s=1e-4, bus_bytes_per_s=1e9, world_size=4)
     cost = CodecCost(2e-10, 1e-10)

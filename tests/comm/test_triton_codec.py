@@ -54,3 +54,33 @@ def test_compiled_triton_codec_on_cuda(codec):
     w = encode(x.cuda(), c)
     assert torch.equal(w.cpu(), encode_ref(x, c))
     assert same(decode(w, c, 5000, torch.bfloat16).cpu(), decode_ref(w.cpu(), c, 5000, torch.bfloat16))
+
+
+@pytest.mark.parametrize("arch", [90, 80])
+def test_codec_kernels_compile_for_gpus(arch):
+    """The interpreter accepts programs the compiler rejects: compile every kernel and
+    configuration the codec launches down to a cubin for Hopper and Ampere, here on the CPU."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from lowbit.comm.codecs import get_codec
+    from lowbit.comm.codecs import triton as tc
+
+    def build(fn, sig, consts):
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", arch, 32))
+        assert k.asm.get("cubin"), f"{fn.__name__}: no cubin"
+
+    for name in tc.SUPPORTED:
+        c = get_codec(name)
+        row = {"RB": c.row_bytes, "CODE_BYTES": c.code_bytes, "BITS": c.bits}
+        for x in ("*fp32", "*bf16", "*fp16"):
+            build(tc._encode_kernel, {"x_ptr": x, "wire_ptr": "*u8", "n": "i32", "RB": "constexpr",
+                                      "CODE_BYTES": "constexpr", "BITS": "constexpr"}, row)
+        for out, code in (("*fp32", 0), ("*i16", 1), ("*fp16", 2)):  # bfloat16 is written as its bits
+            build(tc._decode_kernel, {"wire_ptr": "*u8", "out_ptr": out, "n": "i32", "RB": "constexpr",
+                                      "CODE_BYTES": "constexpr", "BITS": "constexpr", "OUT": "constexpr"},
+                  row | {"OUT": code})
+        for f16 in (False, True):
+            build(tc._reduce_kernel, {"wires_ptr": "*u8", "out_ptr": "*u8", "world": "i32", "rows": "i32",
+                                      "clamp": "fp32", "RB": "constexpr", "CODE_BYTES": "constexpr",
+                                      "BITS": "constexpr", "F16": "constexpr"}, row | {"F16": f16})
