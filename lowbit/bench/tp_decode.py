@@ -285,8 +285,12 @@ def run(a: argparse.Namespace) -> int:
         if rank == 0:
             console.print(f"TP={a.tp} decode, {label} ...")
         rows = measure_tp(spec) if gbit is None else _measure_shaped(spec, gbit)
-        if rank != 0:  # under torchrun rank 0 reports
-            return 0
+        if torchrun:  # the one link torchrun allows is measured: leave the group; rank 0 reports
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+            if rank != 0:
+                return 0
         tp_rows += [r | {"link": label} for r in rows]
         write_json(a.out / "tp_decode.partial.json", {"meta": {"args": argv_meta(a)}, "tp_rows": tp_rows})
     ref_rows = []
