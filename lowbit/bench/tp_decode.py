@@ -66,23 +66,16 @@ def make_prompts(path: str, n: int, length: int, random: bool, vocab: int) -> to
 
 
 def init_torchrun(a) -> int:
-    """Join the process group torchrun describes (gloo: the shards run on the CPU); this rank."""
-    import datetime
-    import os
-
-    import torch.distributed as dist
-
+    """Join the process group torchrun describes (``join_torchrun``); this rank."""
     from lowbit.errors import UsageError
+    from lowbit.parallel.launch import join_torchrun
 
     if a.link_gbit or a.skip_unshaped:
         raise UsageError("under torchrun the launcher's network is the link: drop --link-gbit / --skip-unshaped "
                          "(scripts/two_hosts.sh shapes its veth with GBIT=N)")
-    if int(os.environ["WORLD_SIZE"]) != a.tp:
-        raise UsageError(f"--tp {a.tp} but torchrun started {os.environ['WORLD_SIZE']} ranks")
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=a.timeout))
+    rank = join_torchrun(a.tp, a.timeout)
     torch.set_num_threads(1)  # as the local ranks: one torch thread per rank
-    return dist.get_rank()
+    return rank
 
 
 def share_from_rank0(make):

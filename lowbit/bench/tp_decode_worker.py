@@ -38,15 +38,20 @@ class GreedyRun:
     step_s: list[float]  # each one-token step's time (their sum is within timer overhead of decode_s)
 
 
-def greedy_decode(model, ids: torch.Tensor, n_new: int, after_prefill: Callable[[], None] | None = None) -> GreedyRun:
-    """Greedy generation of ``n_new`` tokens after the prompt ``ids`` [B, T] (no padding), with
-    the model's KV cache: one prompt forward, then ``n_new - 1`` forwards of one token each."""
+def check_prompt(ids: torch.Tensor, n_new: int, min_new: int = 1) -> None:
+    """Prompt ids must be a non-empty int64 [batch, tokens] tensor and ``n_new >= min_new``."""
     if ids.dim() != 2 or ids.numel() == 0:
         raise ValueError(f"prompt ids must be a non-empty [batch, tokens] tensor, got shape {tuple(ids.shape)}")
     if ids.dtype != torch.long:
         raise TypeError(f"prompt ids must be int64 token ids, got {ids.dtype}")
-    if n_new < 1:
-        raise ValueError(f"n_new must be >= 1, got {n_new}")
+    if n_new < min_new:
+        raise ValueError(f"n_new must be >= {min_new}, got {n_new}")
+
+
+def greedy_decode(model, ids: torch.Tensor, n_new: int, after_prefill: Callable[[], None] | None = None) -> GreedyRun:
+    """Greedy generation of ``n_new`` tokens after the prompt ``ids`` [B, T] (no padding), with
+    the model's KV cache: one prompt forward, then ``n_new - 1`` forwards of one token each."""
+    check_prompt(ids, n_new)
     with torch.inference_mode():
         t0 = time.perf_counter()
         out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
@@ -75,9 +80,7 @@ def lockstep_decode(model, ids: torch.Tensor, n_new: int, methods: list[str],
     Consecutive steps of the methods run within milliseconds of each other, so slow phases of a
     shared machine hit all methods alike; each method keeps its own cache and tokens, computed
     exactly as ``greedy_decode`` computes them."""
-    if ids.dim() != 2 or ids.numel() == 0 or ids.dtype != torch.long or n_new < 2:
-        raise ValueError(f"need non-empty int64 [batch, tokens] ids and n_new >= 2, got {tuple(ids.shape)}, "
-                         f"{ids.dtype}, {n_new}")
+    check_prompt(ids, n_new, min_new=2)  # a step to time
     state, pre, steps, toks = {}, {}, {m: [] for m in methods}, {}
     with torch.inference_mode():
         for m in methods:
@@ -176,11 +179,10 @@ def time_greedy(model, ids: torch.Tensor, n_new: int, repeats: int, warmup_new: 
                 sync: Callable[[], None] | None = None) -> dict:
     """Median prefill and decode time of ``repeats`` greedy runs after a short warm-up run;
     ``sync`` (a barrier) runs before each so that all ranks start a run together."""
+    check_prompt(ids, n_new, min_new=2)  # a step to time
     sync = sync or (lambda: None)
     sync()
     greedy_decode(model, ids, min(warmup_new, n_new))
-    if n_new < 2:
-        raise ValueError(f"need n_new >= 2 to time decode steps, got {n_new}")
     pre, dec, steps, tokens = [], [], [], None
     for _ in range(repeats):
         sync()

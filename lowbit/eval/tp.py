@@ -3,7 +3,7 @@ quantized all-reduce (the library entry point behind ``lowbit eval ppl|kl --tp W
 
 from __future__ import annotations
 
-from lowbit.parallel.launch import check_results, run_here_or_spawn, under_torchrun
+from lowbit.parallel.launch import check_results, join_torchrun, run_here_or_spawn, under_torchrun
 
 from lowbit.parallel.layers import parse_allreduce
 from lowbit.models.shard_plan import make_plan
@@ -41,16 +41,7 @@ def run_tp_eval(kind: str, model: str, tp: int, allreduce: str = "plain", datase
     """
     check_tp_args(kind, model, tp, allreduce, ref)
     if under_torchrun():
-        import os
-
-        if int(os.environ["WORLD_SIZE"]) != tp:
-            raise ValueError(f"--tp {tp} but torchrun started {os.environ['WORLD_SIZE']} ranks")
-        import datetime
-
-        import torch.distributed as dist
-
-        if not dist.is_initialized():  # the shards run on the CPU: gloo, even where CUDA exists
-            dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        join_torchrun(tp, timeout_s)
     values = check_results(run_here_or_spawn(
         eval_rank, tp, kind, model, allreduce, dataset, seqlen, max_windows, batch_size, ref, outlier_channels,
         timeout_s=timeout_s, deadline_s=deadline_s,

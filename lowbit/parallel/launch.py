@@ -29,6 +29,18 @@ def under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
+def join_torchrun(world_size: int, timeout_s: float) -> int:
+    """Under torchrun: check that it started ``world_size`` ranks (ValueError naming both) and join
+    its process group, gloo (the shards run on the CPU, even where CUDA exists); this rank."""
+    import torch.distributed as dist
+
+    if int(os.environ["WORLD_SIZE"]) != world_size:
+        raise ValueError(f"--tp {world_size} but torchrun started {os.environ['WORLD_SIZE']} ranks")
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.get_rank()
+
+
 def init_group(rank: int, world_size: int, port: int, timeout_s: float, backend: str = "gloo") -> None:
     import torch.distributed as dist
 

@@ -218,3 +218,17 @@ def test_lockstep_decode_equals_each_method_alone(tiny):
     assert paired_ratio([2.0, 4.0, 6.0], [1.0, 4.0, 2.0]) == 2.0
     with pytest.raises(ValueError, match="match in number"):
         paired_ratio([1.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="n_new must be >= 2"):  # no step to time
+        lockstep_decode(model, ids, 1, ["a"], use)
+    with pytest.raises(TypeError, match="int64"):
+        lockstep_decode(model, ids.float(), 5, ["a"], use)
+    with pytest.raises(ValueError, match="non-empty"):
+        lockstep_decode(model, ids[:, :0], 5, ["a"], use)
+
+
+def test_torchrun_world_size_must_match_tp(monkeypatch):
+    from lowbit.parallel.launch import join_torchrun
+
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ValueError, match="--tp 2 but torchrun started 3 ranks"):
+        join_torchrun(2, 10.0)
