@@ -19,7 +19,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lowbit.kernels.channel_order import permute_channels
 from lowbit.kernels.dispatch import PreparedLinear, prepare
 from lowbit.kernels.linear_params import KernelError, LinearParams, from_quant_linear
 
@@ -47,8 +46,8 @@ class SharedInput:
     """The fused kernel of a group and the last input's per-part results (not a module: its parts
     are, and they share it)."""
 
-    def __init__(self, prepared: PreparedLinear, sizes: list[int], input_perm: torch.Tensor | None):
-        self.prepared, self.sizes, self.input_perm = prepared, sizes, input_perm
+    def __init__(self, prepared: PreparedLinear, sizes: list[int]):
+        self.prepared, self.sizes = prepared, sizes
         self._x = None
         self._version = None
         self._parts: list[torch.Tensor | None] = []
@@ -67,8 +66,7 @@ class SharedInput:
         return y
 
     def _compute(self, x: torch.Tensor) -> None:
-        xp = x if self.input_perm is None else permute_channels(x, self.input_perm.to(x.device))
-        self._parts = list(self.prepared.batched(xp).split(self.sizes, dim=-1))
+        self._parts = list(self.prepared.batched(x).split(self.sizes, dim=-1))
         self._left = len(self._parts)
         self._x, self._version = x, None if x.is_inference() else x._version
 
@@ -103,9 +101,11 @@ def fuse(linears: list[nn.Module], kernel: str | None = None) -> list[FusedPart]
     if any((p is None) != (perms[0] is None) or (p is not None and not torch.equal(p, perms[0])) for p in perms):
         raise KernelError("cannot fuse linears with different input permutations")
     ps = [from_quant_linear(ql) for ql in linears]
-    fused = prepare(concat_params(ps), linears[0].qweight.device, kernel)
+    # the shared reorder goes to the kernel (W4A4's reads x through it in C, others gather there)
+    fused = prepare(concat_params(ps), linears[0].qweight.device, kernel,
+                    input_perm=None if perms[0] is None else perms[0].clone())
     sizes = [p.out_features for p in ps]
-    shared = SharedInput(fused, sizes, None if perms[0] is None else perms[0].clone())
+    shared = SharedInput(fused, sizes)
     return [FusedPart(shared, i, ql.in_features, ql.out_features) for i, ql in enumerate(linears)]
 
 

@@ -33,9 +33,13 @@ class KernelLinear(nn.Module):
 
         p = from_quant_linear(ql)
         dev = ql.qweight.device
-        return cls(prepare(p, dev, kernel), ql.in_features, ql.out_features,
-                   None if ql.input_perm is None else ql.input_perm.clone(), module_bytes(ql),
-                   getattr(ql, "input_transform", None))
+        transform = getattr(ql, "input_transform", None)
+        perm = None if ql.input_perm is None else ql.input_perm.clone()
+        # the reorder goes to the kernel (W4A4's reads x through it in C, others gather there) unless
+        # a transform must run between it and the kernel
+        in_kernel = perm is not None and (transform is None or transform.before_perm)
+        return cls(prepare(p, dev, kernel, input_perm=perm if in_kernel else None), ql.in_features,
+                   ql.out_features, None if in_kernel else perm, module_bytes(ql), transform)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         t = self.input_transform

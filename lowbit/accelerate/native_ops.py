@@ -43,6 +43,12 @@ class NativeRMSNorm(nn.Module):
         y = rms_norm(x, self.weight, self.variance_epsilon)
         return y if y is not None else rms_norm_reference(x, self.weight, self.variance_epsilon)
 
+    def forward_permuted(self, x: torch.Tensor, perm: torch.Tensor) -> torch.Tensor | None:
+        """``forward(x)[..., perm]`` written in the norm's own pass (a :class:`PermutedNorm`'s
+        reorder, which as a separate gather cost as much as the norm); None where the native op
+        does not apply."""
+        return rms_norm(x, self.weight, self.variance_epsilon, perm=perm)
+
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
 

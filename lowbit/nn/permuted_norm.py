@@ -2,7 +2,8 @@
 
 RMSNorm's statistic is invariant under a channel permutation, so permuting its *output* is the
 same as permuting the residual stream and the norm weight; the consumers (q/k/v, gate/up, a MoE
-router) get their weight columns permuted the same way, and the float result is unchanged.
+router) get their weight columns permuted the same way, and the float result is unchanged. A
+norm with ``forward_permuted`` (the native RMSNorm) writes the reordered channels in its own pass.
 """
 
 from __future__ import annotations
@@ -24,4 +25,6 @@ class PermutedNorm(nn.Module):
         return self.norm.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return permute_channels(self.norm(x), self.perm)
+        fused = getattr(self.norm, "forward_permuted", None)  # a native norm writes the reorder itself
+        y = fused(x, self.perm) if fused is not None else None
+        return y if y is not None else permute_channels(self.norm(x), self.perm)

@@ -36,6 +36,18 @@ def test_kernel_linear_matches_quant_linear(kind, k, perm, rtol):
     assert torch.allclose(y, y_ref, rtol=rtol, atol=rtol * scale)
 
 
+def test_the_reorder_goes_to_the_kernel():
+    """A layer's input reorder is handed to the kernel (W4A4's batched kernel reads x through it in
+    C) instead of a torch gather before it: the same bits as gathering first."""
+    ql = _ql("w4a4", k=32, perm=True, bias=False)
+    kl = KernelLinear.from_quant_linear(ql)
+    assert kl.input_perm is None and torch.equal(kl.prepared.input_perm, ql.input_perm)
+    plain = KernelLinear.from_quant_linear(_ql("w4a4", k=32, bias=False))  # the same weight, no reorder
+    x = torch.randn(2, 5, 288)
+    for xx in (x, x.bfloat16()):
+        assert torch.equal(kl(xx), plain(xx[..., ql.input_perm]))
+
+
 def test_params_dequantize_equals_module():
     ql = _ql("w4a4", k=32)
     assert torch.equal(from_quant_linear(ql).dequantize(), ql.dequantized_weight())

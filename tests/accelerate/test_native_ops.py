@@ -146,3 +146,21 @@ def test_gemma_still_generates_the_same_with_native_attention():
     seq_a, scores_a = _generate(stock, ids)
     seq_b, scores_b = _generate(native, ids)
     assert torch.equal(seq_a, seq_b) and torch.allclose(scores_a, scores_b, atol=1e-4)
+
+
+def test_a_permuted_native_norm_writes_the_reorder_itself(counted):
+    """PermutedNorm over a NativeRMSNorm: one native call, the same bits as the norm then a gather."""
+    from lowbit.kernels.channel_order import permute_channels
+    from lowbit.nn.permuted_norm import PermutedNorm
+
+    model = tiny_llama(vocab_size=512, layers=1)
+    native_ops.use_native_ops(model)
+    norm = model.model.layers[0].input_layernorm
+    perm = torch.randperm(norm.weight.shape[0], generator=torch.Generator().manual_seed(1))
+    x = torch.randn(2, 5, norm.weight.shape[0]).bfloat16()
+    with torch.inference_mode():
+        norm.bfloat16()
+        want = permute_channels(norm(x), perm)
+        calls_before = counted["norm"]
+        assert torch.equal(PermutedNorm(norm, perm)(x), want)
+        assert counted["norm"] == calls_before + 1

@@ -20,8 +20,8 @@ MAX_HEAD_DIM = 256
 
 def _bind(lib: ctypes.CDLL) -> None:
     i64, vp, ci, cf = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    lib.rms_norm.argtypes = [vp, ci, i64, i64, vp, ci, cf, vp, ci]
-    lib.rms_norm.restype = None
+    lib.rms_norm.argtypes = [vp, ci, i64, i64, vp, ci, cf, vp, ci, vp]
+    lib.rms_norm.restype = ci
     lib.attn_decode.argtypes = [vp, i64, i64, vp, i64, i64, i64, vp, i64, i64, i64, ci, i64, i64, i64, i64, i64, cf,
                                 vp, ci]
     lib.attn_decode.restype = ci
@@ -49,11 +49,14 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return weight * h.to(x.dtype)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, lib=None) -> torch.Tensor | None:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, lib=None,
+             perm: torch.Tensor | None = None) -> torch.Tensor | None:
     """:func:`rms_norm_reference` in one call (None where it does not apply). The statistic is
     summed in double, torch's in float32, so 1/rms can differ by half the float32 sum's error: a
     float32 output by that plus a few roundings, a bf16 one by at most one step and rarely at all
-    (tested). Called once per norm per decode step, so the checks are the cheap ones."""
+    (tested). Called once per norm per decode step, so the checks are the cheap ones. With ``perm``
+    (contiguous int64 ``[n]``, a permutation) the output's channels come out as ``y[..., perm]``,
+    exactly those values, in the same pass (Atom's reorder after a norm)."""
     lib = lib or _LIB.get()
     xd, wd = x.dtype, weight.dtype
     if (lib is None or not (x.is_cpu and weight.is_cpu) or _needs_grad(x, weight)
@@ -62,14 +65,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, lib=None) -> tor
     n = weight.shape[0]
     if n == 0 or x.dim() == 0 or x.shape[-1] != n:
         return None
+    if perm is not None and (perm.dtype != torch.int64 or tuple(perm.shape) != (n,) or not perm.is_contiguous()
+                             or not perm.is_cpu):
+        return None
     if not x.is_contiguous():
         x = x.contiguous()
     if not weight.is_contiguous():  # the kernel reads n values from weight's data pointer
         weight = weight.contiguous()
     out_bf16 = xd is _BF16 and wd is _BF16
     y = torch.empty_like(x, dtype=_BF16 if out_bf16 else _F32)
-    lib.rms_norm(x.data_ptr(), xd is _BF16, x.numel() // n, n, weight.data_ptr(), wd is _BF16, eps, y.data_ptr(),
-                 out_bf16)
+    if lib.rms_norm(x.data_ptr(), xd is _BF16, x.numel() // n, n, weight.data_ptr(), wd is _BF16, eps, y.data_ptr(),
+                    out_bf16, None if perm is None else perm.data_ptr()):
+        raise ValueError(f"rms_norm: the output permutation holds an index outside [0, {n})")
     return y
 
 

@@ -90,9 +90,19 @@ static void act_sym_item(const void *ctx, int64_t item) {
     const char *x = (const char *)J->x + (size_t)(i0 * J->n_in) * esz;
     if (J->perm) {
         char *g = (char *)J->xg + (size_t)(i0 * J->n_in) * esz;
-        for (int64_t i = 0; i < cnt; i++)
-            for (int64_t j = 0; j < J->n_in; j++)
-                memcpy(g + (i * J->n_in + j) * esz, x + (i * J->n_in + J->perm[j]) * esz, esz);
+        const int64_t n_in = J->n_in, *perm = J->perm;
+        /* typed copies: a memcpy of a run-time size per value was a call per value (0.6 ns each) */
+        for (int64_t i = 0; i < cnt; i++) {
+            if (J->bf16) {
+                const uint16_t *src = (const uint16_t *)x + i * n_in;
+                uint16_t *dst = (uint16_t *)g + i * n_in;
+                for (int64_t j = 0; j < n_in; j++) dst[j] = src[perm[j]];
+            } else {
+                const uint32_t *src = (const uint32_t *)x + i * n_in;
+                uint32_t *dst = (uint32_t *)g + i * n_in;
+                for (int64_t j = 0; j < n_in; j++) dst[j] = src[perm[j]];
+            }
+        }
         x = g;
     }
     int64_t bad = act_sym_tokens(x, J->bf16, cnt, J->n_in, J->n, J->group, J->ng, J->kp, J->bits, J->clip,

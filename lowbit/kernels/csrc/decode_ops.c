@@ -26,9 +26,13 @@ static inline float round_to(int bf16, float v) { return bf16 ? bf16_to_f32(f32_
 
 /* y[r] = w * to_x_dtype(x[r] / sqrt(mean(x[r]^2) + eps)), as Llama's RMSNorm: the statistic in
  * float32 (summed in double here, so it is at least as exact), normalised, rounded to x's dtype,
- * then multiplied by the weight in float32 and rounded to y's dtype. */
-void rms_norm(const void *x, int x_bf16, int64_t rows, int64_t n, const void *w, int w_bf16, float eps, void *y,
-              int y_bf16) {
+ * then multiplied by the weight in float32 and rounded to y's dtype. With perm (not NULL), output
+ * channel j is channel perm[j] of that result (Atom's reorder after a norm): the same values as
+ * the norm then a gather, in the pass that writes them. */
+int rms_norm(const void *x, int x_bf16, int64_t rows, int64_t n, const void *w, int w_bf16, float eps, void *y,
+             int y_bf16, const int64_t *perm) {
+    for (int64_t j = 0; perm && j < n; j++) /* -1, nothing written: an index outside the row */
+        if (perm[j] < 0 || perm[j] >= n) return -1;
     for (int64_t r = 0; r < rows; r++) {
         double ss = 0.0;
         for (int64_t j = 0; j < n; j++) {
@@ -37,10 +41,12 @@ void rms_norm(const void *x, int x_bf16, int64_t rows, int64_t n, const void *w,
         }
         float inv = 1.0f / sqrtf((float)(ss / (double)n) + eps);
         for (int64_t j = 0; j < n; j++) {
-            float h = round_to(x_bf16, act_at(x, x_bf16, r * n + j) * inv);
-            store_at(y, y_bf16, r * n + j, act_at(w, w_bf16, j) * h);
+            const int64_t c = perm ? perm[j] : j;
+            float h = round_to(x_bf16, act_at(x, x_bf16, r * n + c) * inv);
+            store_at(y, y_bf16, r * n + j, act_at(w, w_bf16, c) * h);
         }
     }
+    return 0;
 }
 
 /* Rotary position embedding as Llama's apply_rotary_pos_emb: x * cos + rotate_half(x) * sin, with

@@ -149,6 +149,26 @@ def test_rms_norm_against_hugging_face(xd, wd, shape):
     assert torch.equal(ops.rms_norm(x, w, 1e-5, lib=ops.library(PORTABLE)), y)
 
 
+@pytest.mark.parametrize("xd,wd", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                   (torch.bfloat16, torch.float32)])
+def test_rms_norm_with_an_output_permutation_is_the_norm_then_a_gather(xd, wd):
+    """A PermutedNorm's reorder written by the norm's own pass: exactly y[..., perm], every build."""
+    torch.manual_seed(5)
+    x, w, perm = (torch.randn(3, 9, 200) * 2).to(xd), (torch.rand(200) + 0.5).to(wd), torch.randperm(200)
+    want = ops.rms_norm(x, w, 1e-5)[..., perm]
+    for lib in (None, ops.library(PORTABLE)):
+        assert torch.equal(ops.rms_norm(x, w, 1e-5, lib=lib, perm=perm), want)
+    assert ops.rms_norm(x, w, 1e-5, perm=perm.int()) is None  # not int64: the caller gathers itself
+    assert ops.rms_norm(x, w, 1e-5, perm=perm[:199]) is None
+    bad = perm.clone()
+    bad[17] = 200
+    with pytest.raises(ValueError, match="outside"):
+        ops.rms_norm(x, w, 1e-5, perm=bad)
+    bad[17] = -1
+    with pytest.raises(ValueError, match="outside"):
+        ops.rms_norm(x, w, 1e-5, perm=bad)
+
+
 def test_rms_norm_nan_row_and_strided_input():
     x = torch.randn(4, 64)
     x[2, 7] = float("nan")
