@@ -56,7 +56,7 @@ def simd(lib: ctypes.CDLL | None = None) -> int:
 
 
 def amx(lib: ctypes.CDLL | None = None) -> bool:
-    """Whether this build runs AMX-INT8 tiles, from 8 tokens for INT8 weights and 48 for 4-bit ones
+    """Whether this build runs AMX-INT8 tiles, from 8 tokens for INT8 weights and 20 for 4-bit ones
     (the ``amx`` ISA variant, on a CPU whose OS granted tile state); the integers, and so the bits,
     are the vector tiles'."""
     lib = lib or library()

@@ -17,8 +17,12 @@
 #else
 /* fewer tokens leave the A tiles mostly empty, and 4-bit panels must be unpacked first: measured on
  * 4096² (AMX Xeon, kernel alone, interleaved medians), W8A8's tiles win from 8 tokens (1.5 against
- * 3.5 ms at 24), W4A4's from 48 (2.9 against 4.0 ms; 2.9 against 2.5 at 32) */
-#define AMX_MIN_T(nibbles) ((nibbles) ? 48 : 8)
+ * 3.5 ms at 24). W4A4's won from 48 when first measured; with the packed A tiles and the kept
+ * buffers (later stops) they win from 20 on the default model's four shapes and 4096² (2 threads,
+ * bf16 in and out, medians of 200, two runs; 32 tokens: 0.047-0.125 ms against 0.060-0.193, 4096²
+ * 1.00 against 1.50; at 16 tokens the two split the shapes), hence 20: a decode step of 32
+ * sequences is a 32-token call. */
+#define AMX_MIN_T(nibbles) ((nibbles) ? 20 : 8)
 #endif
 
 struct amx_args {
