@@ -20,7 +20,7 @@ MAX_HEAD_DIM = 256
 
 def _bind(lib: ctypes.CDLL) -> None:
     i64, vp, ci, cf = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    lib.rms_norm.argtypes = [vp, ci, i64, i64, vp, ci, cf, vp, ci, vp]
+    lib.rms_norm.argtypes = [vp, ci, i64, i64, vp, ci, cf, vp, ci, vp, ci]
     lib.rms_norm.restype = ci
     lib.attn_decode.argtypes = [vp, i64, i64, vp, i64, i64, i64, vp, i64, i64, i64, ci, i64, i64, i64, i64, i64, cf,
                                 vp, ci]
@@ -75,7 +75,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, lib=None,
     out_bf16 = xd is _BF16 and wd is _BF16
     y = torch.empty_like(x, dtype=_BF16 if out_bf16 else _F32)
     if lib.rms_norm(x.data_ptr(), xd is _BF16, x.numel() // n, n, weight.data_ptr(), wd is _BF16, eps, y.data_ptr(),
-                    out_bf16, None if perm is None else perm.data_ptr()):
+                    out_bf16, None if perm is None else perm.data_ptr(), torch.get_num_threads()):
         raise ValueError(f"rms_norm: the output permutation holds an index outside [0, {n})")
     return y
 

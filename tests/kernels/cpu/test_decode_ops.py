@@ -169,11 +169,30 @@ def test_rms_norm_with_an_output_permutation_is_the_norm_then_a_gather(xd, wd):
         ops.rms_norm(x, w, 1e-5, perm=bad)
 
 
+@pytest.mark.parametrize("xd,wd", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32),
+                                   (torch.bfloat16, torch.float32)])
+def test_rms_norm_of_many_rows_is_shared_out_with_the_same_bits(xd, wd):
+    """Prefill sizes (rows x width >= 65536) run over the work pool in blocks of 16 rows, through the
+    vectorised bf16 loop where everything is bf16: the same bits for any thread count, as the
+    portable build, and as one row at a time; with a reorder, exactly the norm then a gather."""
+    torch.manual_seed(6)
+    x, w, perm = (torch.randn(203, 576) * 4).to(xd), (torch.rand(576) + 0.5).to(wd), torch.randperm(576)
+    want = torch.cat([ops.rms_norm(x[i:i + 1], w, 1e-5) for i in range(x.shape[0])])
+    assert_same_for_thread_counts(lambda: ops.rms_norm(x, w, 1e-5), want)
+    assert_same_for_thread_counts(lambda: ops.rms_norm(x, w, 1e-5, perm=perm), want[:, perm])
+    assert torch.equal(ops.rms_norm(x, w, 1e-5, lib=ops.library(PORTABLE), perm=perm), want[:, perm])
+    ref = ops.rms_norm_reference(x, w, 1e-5)
+    step = 2.0 ** -7 if ref.dtype == torch.bfloat16 else (576 / 2 + 4) * 2.0 ** -24
+    assert torch.all((want.double() - ref.double()).abs() <= step * ref.double().abs())
+
+
 def test_rms_norm_nan_row_and_strided_input():
     x = torch.randn(4, 64)
     x[2, 7] = float("nan")
     y = ops.rms_norm(x, torch.ones(64), 1e-6)
     assert y[2].isnan().all() and torch.isfinite(y[[0, 1, 3]]).all()
+    yb = ops.rms_norm(x.bfloat16(), torch.ones(64).bfloat16(), 1e-6, perm=torch.randperm(64))  # the bf16 loop
+    assert yb[2].isnan().all() and torch.isfinite(yb[[0, 1, 3]]).all()
     xt = torch.randn(64, 4).t()  # not contiguous
     assert torch.allclose(ops.rms_norm(xt, torch.ones(64), 1e-6), ops.rms_norm_reference(xt, torch.ones(64), 1e-6))
     assert ops.rms_norm(torch.randn(0, 64), torch.ones(64), 1e-6).shape == (0, 64)
