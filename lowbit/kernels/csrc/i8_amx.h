@@ -79,8 +79,12 @@ static void amx_item(const void *ctx, int64_t item) {
             const int64_t c0 = out ? 0 : g * M->gs, c1 = c0 + (len + AK - 1) / AK * AK, xs = out ? M->kpoa : M->kpa;
             const int8_t *x = out ? M->xoa : M->xa;
             const uint8_t *const *b = out ? bo : bn;
-            for (int64_t kb = c0; kb < c1; kb += AMX_KB) {
-                const int64_t ke = kb + AMX_KB < c1 ? kb + AMX_KB : c1;
+            /* cache blocks of about AMX_KB channels, never one short tail: a 576-wide group in one
+             * block of 576, not 512 + 64 (W8A8 on the default model's 576-wide shapes up to 1.05x faster) */
+            const int64_t nkb = (c1 - c0) / AMX_KB > 1 ? (c1 - c0) / AMX_KB : 1;
+            const int64_t kbs = ((c1 - c0) / nkb + AK - 1) / AK * AK;
+            for (int64_t kb = c0; kb < c1; kb += kbs) {
+                const int64_t ke = kb + kbs < c1 ? kb + kbs : c1;
                 for (int64_t si = s0; si < ns && si < s0 + AMX_SB; si++)
                     for (int pr = 0; pr < npair; pr++) {
                         const int nv = np - 2 * pr < 2 ? np - 2 * pr : 2;

@@ -53,7 +53,7 @@ def test_w4a4_gemm_equals_gemv_and_portable_for_1_to_17_tokens(out, n, k, group,
 
 
 @pytest.mark.parametrize("out,n,k,group", [(37, 333, 13, 64), (64, 576, 0, 128), (50, 1024, 128, 128),
-                                           (17, 640, 5, 0), (96, 200, 32, 64)])
+                                           (17, 640, 5, 0), (96, 200, 32, 64), (24, 1600, 0, 0)])
 def test_tiles_of_many_tokens_equal_the_portable_build(out, n, k, group):
     """An AMX build runs int8 tiles (32 tokens x 32 rows, groups padded to 64-channel steps, INT8
     panels read in place where they fit, 4-bit ones unpacked) from 8 tokens (W8A8) or 48 (W4A4); a
