@@ -1,124 +1,142 @@
-/* How fast this CPU's AMX-INT8 tiles multiply, alone and as lowbit's int8 kernels use them (one core).
+/* How fast this CPU's AMX tiles multiply, alone and as lowbit's int8 kernels use them (one core).
  *
- *     gcc -O2 -mamx-tile -mamx-int8 -mamx-bf16 scripts/amx_tile_rates.c -o /tmp/amx_tile_rates && /tmp/amx_tile_rates
+ *     gcc -O2 -mavx512f -mavx512bw -mavx512vl -mamx-tile -mamx-int8 -mamx-bf16 -pthread \
+ *         scripts/amx_tile_rates.c -o /tmp/amx_tile_rates && /tmp/amx_tile_rates
  *
- * Prints ns per TDPBSSD (16 tokens x 16 rows x 64 channels: 16384 multiply-adds): back to back on
- * tiles already loaded; with each step's A and B tiles loaded from L1 (2 x 2 blocking: 4 loads per
- * 4 products, as csrc/amx_tiles.h); and with the 4 int32 tiles stored every S steps, as a kernel with
- * groups of 64 * S channels must store them for its per-group float rescale (W4A4's groups of 128:
- * S = 2). Also the two other orders tried (A and B double-buffered over 2 int32 tiles; loads
- * interleaved with the products); and bf16 products as a bf16 linear runs them. The int8 numbers are
- * the least the kernels' product phase can cost. */
-#include <immintrin.h>
-#include <stdint.h>
+ * Prints ns per int8 tile product (16 tokens x 16 rows x 64 channels: 16384 multiply-adds): back
+ * to back on tiles already loaded; through the kernels' own amx_products (csrc/amx_tiles.h: 2 x 2
+ * blocking, 4 tile loads from L1 per 4 products) with the int32 tiles stored every S steps, as a
+ * kernel with groups of 64 * S channels must store them for its per-group float rescale (W4A4's
+ * groups of 128: S = 2); the two other orders tried (A and B double-buffered over 2 int32 tiles;
+ * loads between the products); and bf16 tile products (8192 multiply-adds) as a bf16 linear runs
+ * them. The int8 numbers are the least the kernels' product phase can cost. */
 #include <stdio.h>
-#include <string.h>
-#include <sys/syscall.h>
 #include <time.h>
-#include <unistd.h>
 
-static double now(void) {
+#include "../lowbit/kernels/csrc/amx_tiles.h"
+
+#if !AMX_TILES
+#error "build with AVX-512 BW and AMX-INT8 (the command above)"
+#endif
+
+static uint8_t A[32][1024] __attribute__((aligned(64))), B[32][1024] __attribute__((aligned(64)));
+static int32_t C[2][2][2][256] __attribute__((aligned(64)));
+
+/* One group of `steps` tile steps (64 channels each) for 32 tokens x 32 rows, its int32 tiles stored. */
+typedef void (*group_fn)(int steps, int32_t (*c)[2][256]);
+
+static void kernels_order(int steps, int32_t (*c)[2][256]) {
+    const uint8_t *b[2] = {B[0], B[16]};
+    amx_products(amx_a_packed(A[0], 16 * AK), b, 2, 0, (int64_t)steps * AK, NULL, c, 0);
+}
+
+static void double_buffered(int steps, int32_t (*c)[2][256]) { /* 2 int32 tiles: tokens 0-15, both panels */
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int k = 0; k < steps; k += 2) {
+        _tile_loadd(2, A[k], 64);
+        _tile_loadd(4, B[k], 64);
+        _tile_loadd(5, B[16 + k], 64);
+        _tile_dpbssd(0, 2, 4);
+        _tile_dpbssd(1, 2, 5);
+        _tile_loadd(3, A[k + 1], 64);
+        _tile_loadd(6, B[k + 1], 64);
+        _tile_loadd(7, B[17 + k], 64);
+        _tile_dpbssd(0, 3, 6);
+        _tile_dpbssd(1, 3, 7);
+    }
+    _tile_stored(0, c[0][0], 64);
+    _tile_stored(1, c[0][1], 64);
+}
+
+static void loads_between(int steps, int32_t (*c)[2][256]) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, A[0], 64);
+    _tile_loadd(6, B[0], 64);
+    for (int k = 0; k < steps; k++) {
+        _tile_loadd(5, A[16 + k], 64);
+        _tile_dpbssd(0, 4, 6);
+        _tile_loadd(7, B[16 + k], 64);
+        _tile_dpbssd(1, 5, 6);
+        _tile_dpbssd(2, 4, 7);
+        if (k + 1 < steps) _tile_loadd(4, A[k + 1], 64);
+        _tile_dpbssd(3, 5, 7);
+        if (k + 1 < steps) _tile_loadd(6, B[k + 1], 64);
+    }
+    _tile_stored(0, c[0][0], 64);
+    _tile_stored(1, c[1][0], 64);
+    _tile_stored(2, c[0][1], 64);
+    _tile_stored(3, c[1][1], 64);
+}
+
+static void bf16_products(int steps, int32_t (*c)[2][256]) { /* 2 x 2, fp32 tiles; bit patterns of 1s */
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int k = 0; k < steps; k++) {
+        _tile_loadd(4, A[k], 64);
+        _tile_loadd(5, A[16 + k], 64);
+        _tile_loadd(6, B[k], 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 5, 6);
+        _tile_loadd(7, B[16 + k], 64);
+        _tile_dpbf16ps(2, 4, 7);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, c[0][0], 64);
+    _tile_stored(1, c[1][0], 64);
+    _tile_stored(2, c[0][1], 64);
+    _tile_stored(3, c[1][1], 64);
+}
+
+static double seconds(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + 1e-9 * t.tv_nsec;
 }
 
-static uint8_t A[32][1024] __attribute__((aligned(64))), B[32][1024] __attribute__((aligned(64)));
-static int32_t C[2][4][256] __attribute__((aligned(64)));
+/* ns per tile product of fn's groups (4 products a step for 32 x 32; double_buffered makes 2). */
+static double ns_per_product(group_fn fn, int steps, int per_step) {
+    const long reps = 400000 / steps;
+    for (long r = 0; r < 1000; r++) fn(steps, C[r & 1]);
+    const double t0 = seconds();
+    for (long r = 0; r < reps; r++) fn(steps, C[r & 1]);
+    return (seconds() - t0) / ((double)reps * steps * per_step) * 1e9;
+}
 
 int main(void) {
-    if (syscall(SYS_arch_prctl, 0x1023, 18)) { /* ARCH_REQ_XCOMP_PERM, XTILEDATA */
+    if (!amx_ready()) {
         puts("the OS grants no AMX tile state here");
         return 1;
     }
-    struct {
-        uint8_t palette, start, reserved[14];
-        uint16_t colsb[16];
-        uint8_t rows[16];
-    } cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int i = 0; i < 8; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;
-    _tile_loadconfig(&cfg);
-    memset(A, 1, sizeof A), memset(B, 1, sizeof B);
-    const long reps = 200000;
-
-    double t0 = now();
-    for (long r = 0; r < reps * 4; r++) {
-        _tile_dpbssd(0, 4, 6); _tile_dpbssd(1, 5, 6); _tile_dpbssd(2, 4, 7); _tile_dpbssd(3, 5, 7);
+    amx_config();
+    memset(A, 1, sizeof A);
+    memset(B, 1, sizeof B);
+    const long reps = 800000;
+    const double t0 = seconds();
+    for (long r = 0; r < reps; r++) {
+        _tile_dpbssd(0, 4, 6);
+        _tile_dpbssd(1, 5, 6);
+        _tile_dpbssd(2, 4, 7);
+        _tile_dpbssd(3, 5, 7);
     }
-    printf("products only, tiles loaded: %.2f ns per product\n", (now() - t0) / (reps * 16.0) * 1e9);
-
-    for (int steps = 1; steps <= 8; steps *= 2) {
-        t0 = now();
-        for (long r = 0; r < reps; r++) {
-            _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-            for (int k = 0; k < steps; k++) {
-                _tile_loadd(4, A[2 * k], 64); _tile_loadd(5, A[2 * k + 1], 64); _tile_loadd(6, B[2 * k], 64);
-                _tile_dpbssd(0, 4, 6); _tile_dpbssd(1, 5, 6);
-                _tile_loadd(7, B[2 * k + 1], 64);
-                _tile_dpbssd(2, 4, 7); _tile_dpbssd(3, 5, 7);
-            }
-            int32_t(*c)[256] = C[r & 1];
-            _tile_stored(0, c[0], 64); _tile_stored(1, c[1], 64); _tile_stored(2, c[2], 64); _tile_stored(3, c[3], 64);
-        }
-        printf("2 x 2 blocking, loads from L1, stored every %d steps: %.2f ns per product\n", steps,
-               (now() - t0) / (reps * 4.0 * steps) * 1e9);
-    }
-    for (int steps = 2; steps <= 8; steps *= 2) {
-        t0 = now();
-        for (long r = 0; r < reps * 2; r++) {
-            _tile_zero(0); _tile_zero(1);
-            for (int k = 0; k < steps; k += 2) {
-                _tile_loadd(2, A[2 * k], 64); _tile_loadd(4, B[2 * k], 64); _tile_loadd(5, B[2 * k + 1], 64);
-                _tile_dpbssd(0, 2, 4); _tile_dpbssd(1, 2, 5);
-                _tile_loadd(3, A[2 * k + 2], 64); _tile_loadd(6, B[2 * k + 2], 64); _tile_loadd(7, B[2 * k + 3], 64);
-                _tile_dpbssd(0, 3, 6); _tile_dpbssd(1, 3, 7);
-            }
-            int32_t(*c)[256] = C[r & 1];
-            _tile_stored(0, c[0], 64); _tile_stored(1, c[1], 64);
-        }
-        printf("2 int32 tiles, A and B double-buffered, stored every %d steps: %.2f ns per product\n", steps,
-               (now() - t0) / (reps * 4.0 * steps) * 1e9);
-    }
-    for (int steps = 2; steps <= 8; steps *= 2) {
-        t0 = now();
-        for (long r = 0; r < reps; r++) {
-            _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-            _tile_loadd(4, A[0], 64); _tile_loadd(6, B[0], 64);
-            for (int k = 0; k < steps; k++) {
-                _tile_loadd(5, A[2 * k + 1], 64);
-                _tile_dpbssd(0, 4, 6);
-                _tile_loadd(7, B[2 * k + 1], 64);
-                _tile_dpbssd(1, 5, 6); _tile_dpbssd(2, 4, 7);
-                if (k + 1 < steps) _tile_loadd(4, A[2 * k + 2], 64);
-                _tile_dpbssd(3, 5, 7);
-                if (k + 1 < steps) _tile_loadd(6, B[2 * k + 2], 64);
-            }
-            int32_t(*c)[256] = C[r & 1];
-            _tile_stored(0, c[0], 64); _tile_stored(1, c[1], 64); _tile_stored(2, c[2], 64); _tile_stored(3, c[3], 64);
-        }
-        printf("2 x 2 blocking, loads between the products, stored every %d steps: %.2f ns per product\n", steps,
-               (now() - t0) / (reps * 4.0 * steps) * 1e9);
-    }
-    /* what bf16 linears get (oneDNN's AMX-BF16): half the multiply-adds per product (16 x 16 x 32),
-     * long accumulation chains (no groups) */
-    for (int steps = 8; steps <= 16; steps *= 2) {
-        t0 = now();
-        for (long r = 0; r < reps; r++) {
-            _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-            for (int k = 0; k < steps; k++) {
-                _tile_loadd(4, A[k % 16], 64); _tile_loadd(5, A[16 + k % 16], 64); _tile_loadd(6, B[k % 16], 64);
-                _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 5, 6);
-                _tile_loadd(7, B[16 + k % 16], 64);
-                _tile_dpbf16ps(2, 4, 7); _tile_dpbf16ps(3, 5, 7);
-            }
-            int32_t(*c)[256] = C[r & 1];
-            _tile_stored(0, c[0], 64); _tile_stored(1, c[1], 64); _tile_stored(2, c[2], 64); _tile_stored(3, c[3], 64);
-        }
-        printf("bf16 (TDPBF16PS, 8192 multiply-adds), 2 x 2 blocking, stored every %d steps: %.2f ns per product\n",
-               steps, (now() - t0) / (reps * 4.0 * steps) * 1e9);
-    }
+    printf("int8 products only, tiles loaded: %.2f ns per product\n", (seconds() - t0) / (reps * 4.0) * 1e9);
+    const struct {
+        const char *name;
+        group_fn fn;
+        int per_step;
+    } runs[] = {{"int8, the kernels' amx_products", kernels_order, 4},
+                {"int8, A and B double-buffered", double_buffered, 2},
+                {"int8, loads between the products", loads_between, 4},
+                {"bf16 (8192 multiply-adds a product)", bf16_products, 4}};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++)
+        for (int steps = 2; steps <= 8; steps *= 2)
+            printf("%s, int32 tiles stored every %d steps: %.2f ns per product\n", runs[i].name, steps,
+                   ns_per_product(runs[i].fn, steps, runs[i].per_step));
     _tile_release();
     return 0;
 }
