@@ -50,7 +50,7 @@ static void a16_amx_item(const void *ctx, int64_t item) {
         if (M->direct)
             bw[p] = A->w + panel_at(r0 + p * PANEL, 0, A->kp, 0);
         else
-            amx_fill(buf + p * kpa * PANEL, A->w, A->nibbles, A->kp, r0 + p * PANEL, A->group, ng, M->gs),
+            amx_fill(buf + p * kpa * PANEL, A->w, A->nibbles, A->kp, r0 + p * PANEL, A->group, ng, M->gs, 0),
                 bw[p] = buf + p * kpa * PANEL;
     }
     amx_config();

@@ -40,20 +40,24 @@ static void amx_config(void) {
 }
 
 /* 16 rows' B vectors from panel rows r0.. into dst over the padded layout (group g at g * gs):
- * INT8 panels copied, 4-bit ones unpacked (low nibbles: channels 0-3 of 8, then high: 4-7). */
+ * INT8 panels copied, 4-bit ones unpacked (low nibbles: channels 0-3 of 8, then high: 4-7). With
+ * `sign`, the codes minus their zero point (8 for 4 bits, 128 for 8) as signed bytes, for TDPBSSD:
+ * the tile then holds sum((u - z) * x) itself, the same int32, with no z * sum(x) to subtract. */
 static void amx_fill(uint8_t *dst, const uint8_t *w, int nibbles, int64_t kp, int64_t r0, int64_t group, int64_t ng,
-                     int64_t gs) {
+                     int64_t gs, int sign) {
+    const __m512i z4 = _mm512_set1_epi8(sign ? 8 : 0), z8 = _mm512_set1_epi8(sign ? (char)0x80 : 0);
     for (int64_t g = 0; g < ng; g++) {
         int64_t a = g * group, b = a + group < kp ? a + group : kp;
         uint8_t *d = dst + g * gs * PANEL;
         if (nibbles)
             for (int64_t k = a; k < b; k += 8, d += 128) {
                 vi_t raw = VLOAD(w + panel_at(r0, k, kp, 1));
-                _mm512_storeu_si512((void *)d, VMASK4(raw));
-                _mm512_storeu_si512((void *)(d + 64), VSHR4(raw));
+                _mm512_storeu_si512((void *)d, _mm512_sub_epi8(VMASK4(raw), z4));
+                _mm512_storeu_si512((void *)(d + 64), _mm512_sub_epi8(VSHR4(raw), z4));
             }
         else
-            for (int64_t k = a; k < b; k += 4, d += 64) memcpy(d, w + panel_at(r0, k, kp, 0), 64);
+            for (int64_t k = a; k < b; k += 4, d += 64)
+                _mm512_storeu_si512((void *)d, _mm512_xor_si512(VLOAD(w + panel_at(r0, k, kp, 0)), z8));
         memset(d, 0, (size_t)(dst + (g + 1) * gs * PANEL - d));
     }
 }
@@ -80,7 +84,8 @@ static inline struct amx_a amx_a_packed(const void *x, int64_t w) {
 
 /* int32 tiles C[token half][row panel] of 32 tokens (a) x nv panels (b) over channels [c0, c1) of
  * the padded layout, added to the tiles in cin (NULL: from 0), stored to cout. The A tiles hold
- * signed codes (TDPBSUD) or, with unsigned_x, unsigned ones (TDPBUUD); weights are unsigned. */
+ * signed codes (TDPBSUD) or, with unsigned_x 1, unsigned ones (TDPBUUD), against unsigned
+ * weights; unsigned_x 2: signed codes against signed weights (TDPBSSD; amx_fill's `sign`). */
 static inline __attribute__((always_inline)) void amx_products(const struct amx_a a, const uint8_t *const *b,
                                                                int nv, int64_t c0, int64_t c1,
                                                                int32_t (*cin)[2][256], int32_t (*cout)[2][256],
@@ -102,7 +107,10 @@ static inline __attribute__((always_inline)) void amx_products(const struct amx_
         _tile_loadd(4, a.lo + c / AK * a.step, a.stride);
         _tile_loadd(5, a.hi + c / AK * a.step, a.stride);
         _tile_loadd(6, b[0] + c * PANEL, 64);
-        if (unsigned_x) {
+        if (unsigned_x == 2) {
+            _tile_dpbssd(0, 4, 6);
+            _tile_dpbssd(1, 5, 6);
+        } else if (unsigned_x) {
             _tile_dpbuud(0, 4, 6);
             _tile_dpbuud(1, 5, 6);
         } else {
@@ -111,7 +119,10 @@ static inline __attribute__((always_inline)) void amx_products(const struct amx_
         }
         if (nv == 2) {
             _tile_loadd(7, b[1] + c * PANEL, 64);
-            if (unsigned_x) {
+            if (unsigned_x == 2) {
+                _tile_dpbssd(2, 4, 7);
+                _tile_dpbssd(3, 5, 7);
+            } else if (unsigned_x) {
                 _tile_dpbuud(2, 4, 7);
                 _tile_dpbuud(3, 5, 7);
             } else {

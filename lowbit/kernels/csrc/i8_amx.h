@@ -5,9 +5,10 @@
 #define LOWBIT_I8_AMX_H
 #include "amx_tiles.h"
 #if AMX_TILES
-/* AMX-INT8 (from 8 or 48 tokens, AMX_MIN_T): the same exact int32 per (token, row, group), from the
- * tiles of amx_tiles.h: the activation codes signed (TDPBSUD), INT8 panels read in place where each
- * group is whole tile steps, 4-bit ones unpacked into a per-thread buffer. Per group the 2 x 2 int32
+/* AMX-INT8 (from 8 or 20 tokens, AMX_MIN_T): the same exact int32 per (token, row, group), from the
+ * tiles of amx_tiles.h: the activation codes signed, INT8 panels read in place where each group is
+ * whole tile steps (unsigned: TDPBSUD, then z * sum(x) subtracted), the others (4-bit, outliers)
+ * unpacked into a per-thread buffer as signed u - z (TDPBSSD: nothing to subtract). Per group the 2 x 2 int32
  * tiles (32 tokens x 32 rows) are stored and rescaled with the float steps of tile() above, in the
  * same order: the same bits. No sum can overflow int32 at these widths (|u x| <= 255 * 128 over at
  * most 2^16 channels per group). */
@@ -39,6 +40,33 @@ struct amx_args {
 #define AMX_KB 512 /* channels per cache block (measured best of 128-1024 at 64 and 512 tokens on 4096²) */
 #endif
 
+/* Two consecutive groups g, g + 1 of 32 tokens (i0..) x nv panels from row r, their int32 tiles in
+ * c0 and c1, added to the float sums at f (row stride AMX_ROWS) with the float steps of tile()
+ * above in group order: fma(P_g, sw * sx, f), then fma(P_g+1, ..., that), one pass over the sums
+ * for both groups, a token's two scales read once for its panels. Signed weights (filled panels):
+ * the tile is the product; INT8 panels read in place (`direct`) subtract z * sum(x). */
+static inline __attribute__((always_inline)) void amx_rescale_two(const struct i8_args *A, float *f,
+                                                                  int32_t (*c0)[2][256], int32_t (*c1)[2][256],
+                                                                  int64_t i0, int mr, int nv, int64_t r, int64_t g,
+                                                                  int direct) {
+    const int64_t ng = A->ng;
+    vf_t s0[2], s1[2];
+    for (int v = 0; v < nv; v++) {
+        const float *sw = A->sw + (((r + v * PANEL) / PANEL) * ng + g) * PANEL;
+        s0[v] = FLOAD(sw), s1[v] = FLOAD(sw + PANEL);
+    }
+    for (int m = 0; m < mr; m++, f += AMX_ROWS) {
+        const int64_t q = (i0 + m) * ng + g;
+        const vf_t x0 = FSET(A->sx[q]), x1 = FSET(A->sx[q + 1]);
+        for (int v = 0; v < nv; v++) {
+            vi_t p0 = VLOAD32(c0[m / 16][v] + (m % 16) * 16), p1 = VLOAD32(c1[m / 16][v] + (m % 16) * 16);
+            if (direct) p0 = VSUB32(p0, VSET32(A->zx[q])), p1 = VSUB32(p1, VSET32(A->zx[q + 1]));
+            const vf_t a = FMA(FCVT(p0), FMUL(s0[v], x0), g ? FLOAD(f + v * PANEL) : FZERO());
+            FSTORE(f + v * PANEL, FMA(FCVT(p1), FMUL(s1[v], x1), a));
+        }
+    }
+}
+
 static void amx_item(const void *ctx, int64_t item) {
     const struct amx_args *M = ctx;
     const struct i8_args *A = M->A;
@@ -61,14 +89,14 @@ static void amx_item(const void *ctx, int64_t item) {
         if (M->direct)
             bn[p] = A->w + panel_at(r0 + p * PANEL, 0, A->kp, 0);
         else
-            amx_fill(amx_buf + p * M->kpa * PANEL, A->w, A->nibbles, A->kp, r0 + p * PANEL, A->group, ng, M->gs),
+            amx_fill(amx_buf + p * M->kpa * PANEL, A->w, A->nibbles, A->kp, r0 + p * PANEL, A->group, ng, M->gs, 1),
                 bn[p] = amx_buf + p * M->kpa * PANEL;
         if (A->wo)
-            amx_fill(amx_buf + nb + p * M->kpoa * PANEL, A->wo, 0, A->kpo, r0 + p * PANEL, A->kpo, 1, M->kpoa),
+            amx_fill(amx_buf + nb + p * M->kpoa * PANEL, A->wo, 0, A->kpo, r0 + p * PANEL, A->kpo, 1, M->kpoa, 1),
                 bo[p] = amx_buf + nb + p * M->kpoa * PANEL;
     }
     amx_config();
-    int32_t cb[2][2][256] __attribute__((aligned(64)));
+    int32_t cb[2][2][256] __attribute__((aligned(64))), cb2[2][2][256] __attribute__((aligned(64)));
     for (int64_t s0 = 0; s0 < ns; s0 += AMX_SB) { /* a block of token tiles: its float sums stay in L1 */
         if (!ng || (A->group < A->kp ? A->group : A->kp) <= 0) /* else group 0's rescale writes every sum read */
             memset(fs, 0, (size_t)fbytes);
@@ -83,6 +111,27 @@ static void amx_item(const void *ctx, int64_t item) {
              * block of 576, not 512 + 64 (W8A8 on the default model's 576-wide shapes up to 1.05x faster) */
             const int64_t nkb = (c1 - c0) / AMX_KB > 1 ? (c1 - c0) / AMX_KB : 1;
             const int64_t kbs = ((c1 - c0) / nkb + AK - 1) / AK * AK;
+            const int kind = out || !M->direct ? 2 : 0; /* filled panels are signed (amx_fill) */
+            /* Two groups that are one cache block each (W4A4's groups of 128) share one pass over the
+             * float sums: their rescale, a store and reload of every int32 tile and one multiply-add per
+             * value, cost about as much as their products (scripts/amx_tile_rates.c, README). */
+            const int64_t len1 = g + 1 < ng ? ((g + 2) * A->group < A->kp ? A->group : A->kp - (g + 1) * A->group) : 0;
+            const int64_t d0 = c0 + M->gs, d1 = d0 + (len1 + AK - 1) / AK * AK;
+            if (!out && g + 1 < ng && c1 - c0 <= AMX_KB && d1 - d0 <= AMX_KB && len1 > 0) {
+                for (int64_t si = s0; si < ns && si < s0 + AMX_SB; si++)
+                    for (int pr = 0; pr < npair; pr++) {
+                        const int nv = np - 2 * pr < 2 ? np - 2 * pr : 2;
+                        const struct amx_a a = amx_a_packed(x + si * 32 * xs, xs);
+                        amx_products(a, b + 2 * pr, nv, c0, c1, NULL, cb, kind);
+                        amx_products(a, b + 2 * pr, nv, d0, d1, NULL, cb2, kind);
+                        const int64_t i0 = si * 32;
+                        const int mr = A->t - i0 < 32 ? (int)(A->t - i0) : 32;
+                        amx_rescale_two(A, fs + (i0 - s0 * 32) * AMX_ROWS + 2 * pr * PANEL, cb, cb2, i0, mr, nv,
+                                        r0 + 2 * pr * PANEL, g, M->direct);
+                    }
+                g++; /* and the loop's: two groups done */
+                continue;
+            }
             for (int64_t kb = c0; kb < c1; kb += kbs) {
                 const int64_t ke = kb + kbs < c1 ? kb + kbs : c1;
                 for (int64_t si = s0; si < ns && si < s0 + AMX_SB; si++)
@@ -90,7 +139,7 @@ static void amx_item(const void *ctx, int64_t item) {
                         const int nv = np - 2 * pr < 2 ? np - 2 * pr : 2;
                         int32_t(*keep)[2][256] = cbuf[(si - s0) * npair + pr];
                         amx_products(amx_a_packed(x + si * 32 * xs, xs), b + 2 * pr, nv, kb, ke, kb == c0 ? NULL : keep,
-                                     ke == c1 ? cb : keep, 0);
+                                     ke == c1 ? cb : keep, kind);
                         if (ke != c1) continue;
                         const int64_t i0 = si * 32;
                         const int mr = A->t - i0 < 32 ? (int)(A->t - i0) : 32;
@@ -99,12 +148,13 @@ static void amx_item(const void *ctx, int64_t item) {
                             vf_t swv = out ? FLOAD(A->swo + r) : FLOAD(A->sw + ((r / PANEL) * ng + g) * PANEL);
                             for (int m = 0; m < mr; m++) {
                                 float *f = fs + (i0 - s0 * 32 + m) * AMX_ROWS + (2 * pr + v) * PANEL;
-                                if (out) {
-                                    vi_t p = VSUB32(VLOAD32(cb[m / 16][v] + (m % 16) * 16), VSET32(A->zxo[i0 + m]));
+                                if (out) { /* filled, signed: the tile is the product */
+                                    vi_t p = VLOAD32(cb[m / 16][v] + (m % 16) * 16);
                                     FSTORE(f, FADD(FLOAD(f), FMA(FCVT(p), FMUL(swv, FSET(A->sxo[i0 + m])), FZERO())));
                                 } else {
                                     int64_t q = (i0 + m) * ng + g;
-                                    vi_t p = VSUB32(VLOAD32(cb[m / 16][v] + (m % 16) * 16), VSET32(A->zx[q]));
+                                    vi_t p = VLOAD32(cb[m / 16][v] + (m % 16) * 16);
+                                    if (M->direct) p = VSUB32(p, VSET32(A->zx[q])); /* unsigned INT8 read in place */
                                     FSTORE(f, FMA(FCVT(p), FMUL(swv, FSET(A->sx[q])), g ? FLOAD(f) : FZERO()));
                                 }
                             }

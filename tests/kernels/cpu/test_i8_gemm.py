@@ -78,6 +78,26 @@ def test_tiles_of_many_tokens_equal_the_portable_build(out, n, k, group):
     assert torch.equal(w4a4.run(x, s4), w4a4.run(x, w4a4.prepare(p4, "native")))
 
 
+@pytest.mark.parametrize("bits,n", [(8, 512), (8, 448), (4, 384)])
+def test_grouped_tiles_two_groups_a_pass_equal_the_portable_build(bits, n):
+    """Groups of 128 go through the AMX tiles two at a time (one pass over the float sums): INT8
+    panels read in place (unsigned, z * sum(x) subtracted) and unpacked 4-bit ones (signed), an even
+    and an odd number of groups, tokens at the tiles' edges."""
+    torch.manual_seed(bits + n)
+    lo = -(2 ** (bits - 1))
+    codes = torch.randint(lo, -lo, (48, n), dtype=torch.int8)
+    codes[0], codes[1] = lo, -lo - 1  # the extreme codes in whole rows
+    ng = -(-n // 128)
+    w = i8_gemm.pack(codes, torch.rand(48, ng) + 0.1, bits, 128, n)
+    x = torch.randn(70, n) * 3
+    c = i8_gemm.act_codes(x, 0, w, bits, 1.0)
+    want = i8_gemm.run_codes(c, w, lib=_portable())
+    for lib in amx_builds(i8_gemm.library):
+        for t in (1, 17, 32, 33, 70):
+            ct = type(c)(*(getattr(c, f)[:t] for f in ("xq", "scale", "xsum", "outlier", "outlier_scale")))
+            assert torch.equal(i8_gemm.run_codes(ct, w, lib=lib), want[:t]), (t, lib)
+
+
 def test_thread_counts_and_zero_tokens():
     p = from_float(torch.randn(200, 300), "w4a4", group=64, n_outliers=12)
     st = w4a4.prepare(p, "gemm")
