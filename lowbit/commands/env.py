@@ -31,8 +31,10 @@ def run(args) -> int:
     console.print(f"torch {rep['torch']['version']}, CPU capability {rep['torch']['cpu_capability']}, "
                   f"{rep['torch']['threads']} threads", highlight=False)
     if rep["kernel_threads"]:
-        where = {"omp": "torch's OpenMP team", "pool": "lowbit's own pool"}[rep["kernel_threads"]]
-        console.print(f"kernel threads: {where} (LOWBIT_THREADS=omp|pool; the vLLM plugin sets omp)", highlight=False)
+        where = {"omp": "torch's OpenMP team", "pool": "lowbit's own pool",
+                 "auto": "torch's OpenMP team, lowbit's pool while the team comes late"}[rep["kernel_threads"]]
+        console.print(f"kernel threads: {where} (LOWBIT_THREADS=auto|omp|pool; the vLLM plugin sets omp)",
+                      highlight=False)
     feats = Table(title="instruction-set features")
     feats.add_column("feature")
     feats.add_column("present", justify="center")

@@ -19,8 +19,14 @@
  * instead (GOMP_parallel, the entry point `#pragma omp parallel` compiles to, found in the process
  * where torch's libgomp or libiomp5 is loaded; the pool where it is not), claimed from one atomic
  * counter as here; one call at a time, a forked child on the pool. Each library reads the setting at
- * its first call. LOWBIT_THREADS=pool (the default) keeps the pool, which holds up better when
- * another process takes a core.
+ * its first call. LOWBIT_THREADS=pool keeps the pool, which holds up better when another process
+ * takes a core: there the team's join waits for a thread that shares its core with the other
+ * process, a time slice of milliseconds (GOMP's spin after a region, ~4-9 ms on the AMX Xeon,
+ * keeps that thread runnable). The default, LOWBIT_THREADS=auto, takes the team while it answers
+ * and the pool for a while after a region whose last thread came POOL_LATE_NS or more after the
+ * items ran out and later than four items take on average (a descheduled thread, not a long item):
+ * 0.1 s, doubled up to 3.2 s while the team keeps coming late, so that a busy machine's late calls
+ * cost little, and back to 0.1 s after a region on time.
  */
 #ifndef LOWBIT_WORK_POOL_H
 #define LOWBIT_WORK_POOL_H
@@ -30,6 +36,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define POOL_RELAX() _mm_pause()
@@ -128,8 +135,21 @@ static void pool_start_workers(int n) {
 #endif
 typedef void (*pool_gomp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
 
-static _Atomic int pool_omp_state; /* 0 undecided, 1 the pool, 2 the OpenMP team */
+static _Atomic int pool_omp_state; /* 0 undecided, 1 the pool, 2 the OpenMP team, 3 auto */
 static _Atomic(pool_gomp_parallel_fn) pool_omp_fn;
+
+#define POOL_LATE_NS 500000LL          /* auto: a straggle this long is a descheduled thread ... */
+#define POOL_BACKOFF_NS 100000000LL    /* ... and calls take the pool this long before the team again, */
+#define POOL_BACKOFF_MAX 3200000000LL  /* doubled up to this while the team keeps coming late */
+static _Atomic int64_t pool_team_resume_ns; /* auto: calls before this time take the pool */
+static _Atomic int64_t pool_backoff_ns = POOL_BACKOFF_NS;
+static _Atomic int64_t pool_counts[3];      /* auto: calls on the team, on the pool, late team calls */
+
+static int64_t pool_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
 
 /* A forked child has none of the parent's OpenMP threads, and GNU libgomp's next region would wait
  * for them forever: a child's calls always use the pool (which starts its own workers). Registered
@@ -139,54 +159,93 @@ __attribute__((constructor)) static void pool_omp_register_atfork(void) {
     pthread_atfork(NULL, NULL, pool_omp_after_fork_child);
 }
 
-/* GOMP_parallel of the process's OpenMP runtime where LOWBIT_THREADS=omp asks for it, else NULL
- * (decided at the first call, without a lock: getenv and dlsym give every racing caller the same). */
-static pool_gomp_parallel_fn pool_omp(void) {
+/* The mode (1 pool, 2 team, 3 auto) and, for 2 and 3, GOMP_parallel of the process's OpenMP
+ * runtime (decided at the first call, without a lock: getenv and dlsym give every racing caller the
+ * same). LOWBIT_THREADS=pool or no OpenMP runtime loaded: the pool; omp: the team; else auto. */
+static int pool_mode(pool_gomp_parallel_fn *fn) {
     int st = atomic_load_explicit(&pool_omp_state, memory_order_acquire);
     if (st == 0) {
         const char *env = getenv("LOWBIT_THREADS");
-        pool_gomp_parallel_fn f = NULL;
-        if (env && env[0] == 'o' && env[1] == 'm' && env[2] == 'p' && env[3] == 0)
-            f = (pool_gomp_parallel_fn)dlsym(RTLD_DEFAULT, "GOMP_parallel");
+        const int pool = env && env[0] == 'p' && env[1] == 'o' && env[2] == 'o' && env[3] == 'l' && env[4] == 0;
+        const int omp = env && env[0] == 'o' && env[1] == 'm' && env[2] == 'p' && env[3] == 0;
+        pool_gomp_parallel_fn f = pool ? NULL : (pool_gomp_parallel_fn)dlsym(RTLD_DEFAULT, "GOMP_parallel");
         atomic_store_explicit(&pool_omp_fn, f, memory_order_release);
         int expect = 0;
-        atomic_compare_exchange_strong(&pool_omp_state, &expect, f ? 2 : 1);
+        atomic_compare_exchange_strong(&pool_omp_state, &expect, !f ? 1 : omp ? 2 : 3);
         st = atomic_load_explicit(&pool_omp_state, memory_order_acquire);
     }
-    return st == 2 ? atomic_load_explicit(&pool_omp_fn, memory_order_acquire) : NULL;
+    *fn = st >= 2 ? atomic_load_explicit(&pool_omp_fn, memory_order_acquire) : NULL;
+    return st;
 }
 
-/* 2 where this library's calls run on the process's OpenMP team (LOWBIT_THREADS=omp), else 1. */
-int pool_threads_mode(void) { return pool_omp() ? 2 : 1; }
+/* 1 where this library's calls run on its own pool (LOWBIT_THREADS=pool, no OpenMP runtime in the
+ * process, or a forked child), 2 on the process's OpenMP team (omp), 3 auto (the default). */
+int pool_threads_mode(void) {
+    pool_gomp_parallel_fn f;
+    return pool_mode(&f);
+}
+
+/* auto's record in this library: calls on the team, calls on the pool, team calls found late. */
+void pool_auto_counts(int64_t out[3]) {
+    for (int i = 0; i < 3; i++) out[i] = atomic_load_explicit(&pool_counts[i], memory_order_relaxed);
+}
 
 struct pool_omp_job {
     pool_item_fn fn;
     const void *ctx;
     int64_t items;
     _Atomic int64_t next;
+    int timed;                 /* auto: note when the items ran out */
+    _Atomic int64_t drained_ns;
 };
 
 static void pool_omp_body(void *arg) { /* every thread of the team claims items until none is left */
     struct pool_omp_job *job = arg;
     for (int64_t i; (i = atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed)) < job->items;)
         job->fn(job->ctx, i);
+    if (job->timed && atomic_load_explicit(&job->drained_ns, memory_order_relaxed) == 0) {
+        int64_t none = 0; /* the first thread to find none left: the others only finish or arrive now */
+        atomic_compare_exchange_strong(&job->drained_ns, &none, pool_now_ns());
+    }
+}
+
+/* The items on the team; auto: a region whose last thread came late sends the next calls to the pool. */
+static void pool_team_run(pool_gomp_parallel_fn omp, int mode, pool_item_fn fn, const void *ctx, int64_t items,
+                          int threads) {
+    struct pool_omp_job job = {fn, ctx, items, 0, mode == 3, 0};
+    const int64_t start = mode == 3 ? pool_now_ns() : 0;
+    omp(pool_omp_body, &job, (unsigned)(threads < items ? threads : items), 0);
+    if (mode != 3) return;
+    atomic_fetch_add_explicit(&pool_counts[0], 1, memory_order_relaxed);
+    const int64_t end = pool_now_ns(), drained = atomic_load_explicit(&job.drained_ns, memory_order_relaxed);
+    const int64_t late = end - drained, item = (drained - start) * (threads < items ? threads : items) / items;
+    int64_t backoff = atomic_load_explicit(&pool_backoff_ns, memory_order_relaxed);
+    if (drained && late >= POOL_LATE_NS && late > 4 * item) {
+        atomic_fetch_add_explicit(&pool_counts[2], 1, memory_order_relaxed);
+        atomic_store_explicit(&pool_team_resume_ns, end + backoff, memory_order_relaxed);
+        if (backoff < POOL_BACKOFF_MAX) atomic_store_explicit(&pool_backoff_ns, 2 * backoff, memory_order_relaxed);
+    } else if (backoff != POOL_BACKOFF_NS) {
+        atomic_store_explicit(&pool_backoff_ns, POOL_BACKOFF_NS, memory_order_relaxed);
+    }
 }
 
 /* fn(ctx, i) for every i in [0, items), on up to `threads` threads (the caller among them). */
 static void pool_run(pool_item_fn fn, const void *ctx, int64_t items, int threads) {
     if (threads > POOL_MAX_WORKERS + 1) threads = POOL_MAX_WORKERS + 1;
-    const pool_gomp_parallel_fn omp = threads > 1 && items > 1 ? pool_omp() : NULL;
+    pool_gomp_parallel_fn omp = NULL;
+    const int mode = threads > 1 && items > 1 ? pool_mode(&omp) : 1;
+    if (mode == 3 && pool_now_ns() < atomic_load_explicit(&pool_team_resume_ns, memory_order_relaxed)) omp = NULL;
     /* one call at a time on the pool or the team: a second caller (another Python thread) runs alone */
     if (threads <= 1 || items <= 1 || (!omp && items > POOL_MAX_ITEMS) || pthread_mutex_trylock(&pool_.call) != 0) {
         for (int64_t i = 0; i < items; i++) fn(ctx, i);
         return;
     }
     if (omp) {
-        struct pool_omp_job job = {fn, ctx, items, 0};
-        omp(pool_omp_body, &job, (unsigned)(threads < items ? threads : items), 0);
+        pool_team_run(omp, mode, fn, ctx, items, threads);
         pthread_mutex_unlock(&pool_.call);
         return;
     }
+    if (mode == 3) atomic_fetch_add_explicit(&pool_counts[1], 1, memory_order_relaxed);
     pool_start_workers(threads - 1);
     pool_.fn = fn, pool_.ctx = ctx;
     atomic_store_explicit(&pool_.done, 0, memory_order_relaxed);
@@ -203,5 +262,30 @@ static void pool_run(pool_item_fn fn, const void *ctx, int64_t items, int thread
         if (++spins < 64) POOL_RELAX();
         else sched_yield(); /* a claimed item's thread was preempted: let it run */
     pthread_mutex_unlock(&pool_.call);
+}
+
+/* A check of the threading itself (tests/kernels/cpu/test_work_pool.py): `items` items on `threads`
+ * threads, each item sleeping caller_us on the calling thread and other_us on any other. Returns
+ * how many the caller ran. */
+struct pool_probe_job {
+    pthread_t caller;
+    int64_t caller_us, other_us;
+    _Atomic int64_t by_caller;
+};
+
+static void pool_probe_item(const void *ctx, int64_t item) {
+    struct pool_probe_job *J = (struct pool_probe_job *)ctx; /* only the atomic count is written */
+    (void)item;
+    const int mine = pthread_equal(pthread_self(), J->caller);
+    const int64_t us = mine ? J->caller_us : J->other_us;
+    struct timespec ts = {us / 1000000, us % 1000000 * 1000};
+    nanosleep(&ts, NULL);
+    if (mine) atomic_fetch_add_explicit(&J->by_caller, 1, memory_order_relaxed);
+}
+
+int64_t pool_probe(int64_t items, int threads, int64_t caller_us, int64_t other_us) {
+    struct pool_probe_job J = {pthread_self(), caller_us, other_us, 0};
+    pool_run(pool_probe_item, &J, items, threads);
+    return atomic_load(&J.by_caller);
 }
 #endif

@@ -101,20 +101,77 @@ torch.save({"outs": outs, "modes": modes, "threads_ok": threads_ok, "fork_ok": f
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_threads_on_torchs_openmp_team_give_the_same_bits(tmp_path):
-    """LOWBIT_THREADS=omp (what the vLLM plugin sets) runs the items on torch's OpenMP team: every
-    library finds it, every kernel kind gives the pool's bits (a child per mode, 2 threads), and a
-    process forked after team calls runs on the pool (libgomp's team is not in the fork)."""
+    """LOWBIT_THREADS=omp (what the vLLM plugin sets) runs the items on torch's OpenMP team, auto (the
+    default) on the team or the pool: every library finds it, every kernel kind gives the pool's
+    bits (a child per mode, 2 threads), and a process forked after team calls runs on the pool
+    (libgomp's team is not in the fork)."""
     import subprocess
     import sys
 
     res = {}
-    for mode in ("pool", "omp"):
+    for mode in ("pool", "omp", "auto"):
         out = tmp_path / f"{mode}.pt"
         env = {k: v for k, v in os.environ.items() if k != "LOWBIT_THREADS"} | {"LOWBIT_THREADS": mode}
         subprocess.run([sys.executable, "-c", _OMP_CASES, str(out)], env=env, check=True, timeout=240)
         res[mode] = torch.load(out)
-    assert res["pool"]["modes"] == [1] * 5 and res["omp"]["modes"] == [2] * 5
+    assert res["pool"]["modes"] == [1] * 5 and res["omp"]["modes"] == [2] * 5 and res["auto"]["modes"] == [3] * 5
     assert all(res[m]["threads_ok"] and res[m]["fork_ok"] for m in res)
-    assert len(res["omp"]["outs"]) == 24
-    for a, b in zip(res["pool"]["outs"], res["omp"]["outs"]):
-        assert a.dtype == b.dtype and torch.equal(a, b)
+    for mode in ("omp", "auto"):
+        assert len(res[mode]["outs"]) == 24
+        for a, b in zip(res["pool"]["outs"], res[mode]["outs"]):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+_LATE_TEAM = r"""
+import ctypes
+import sys
+import torch
+from lowbit.kernels import from_float, prepare
+from lowbit.kernels.cpu import i8_gemm
+
+torch.set_num_threads(2)
+lib = i8_gemm.library()
+lib.pool_probe.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+lib.pool_probe.restype = ctypes.c_int64
+lib.pool_auto_counts.argtypes = [ctypes.c_void_p]
+
+
+def counts():
+    c = (ctypes.c_int64 * 3)()
+    lib.pool_auto_counts(c)
+    return list(c)  # calls on the team, calls on the pool, team calls found late
+
+
+torch.manual_seed(5)
+pl = prepare(from_float(torch.randn(200, 384), "w8a8"), "cpu")
+x = torch.randn(64, 384)
+y0 = pl.batched(x)
+before = counts()
+# two items: the caller's sleeps 0.2 ms, the other thread's 5 ms: once the team's thread takes one,
+# the region ends 4.8 ms after the items ran out, far more than the items took: a late thread
+for _ in range(200):
+    torch.mm(x, x.T)  # torch's team is awake and spinning, as between a model's operators
+    if lib.pool_probe(2, 2, 200, 5000) < 2:
+        break
+late = counts()
+y1 = pl.batched(x)  # well within the 0.1 s that follow: on the pool
+after = counts()
+print(before, late, after)
+sys.exit(0 if late[2] > before[2] and after[1] > late[1] and after[0] == late[0] and torch.equal(y0, y1) else 1)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_auto_leaves_a_team_that_came_late_for_the_pool():
+    """LOWBIT_THREADS=auto: a region whose other thread finished long after the items ran out (here
+    an item made to sleep 5 ms on it, as a descheduled thread would) sends the next calls to the
+    pool, with the same bits; with omp nothing is counted."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "LOWBIT_THREADS"} | {"LOWBIT_THREADS": "auto"}
+    r = subprocess.run([sys.executable, "-c", _LATE_TEAM], env=env, timeout=240, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    env["LOWBIT_THREADS"] = "omp"
+    r = subprocess.run([sys.executable, "-c", _LATE_TEAM], env=env, timeout=240, capture_output=True, text=True)
+    assert r.returncode == 1 and "[0, 0, 0] [0, 0, 0] [0, 0, 0]" in r.stdout, r.stdout + r.stderr
