@@ -193,24 +193,42 @@ static void amx_rows_item(const void *ctx, int64_t item) {
         }
 }
 
+/* The tiles' arguments for call A and its packed activation buffer (M->xa, M->xoa); 0, or 1 if the
+ * tiles cannot run (no tile permission, no memory). */
+static int amx_begin(const struct i8_args *A, struct amx_args *M) {
+    if (!amx_ready()) return 1;
+    *M = (struct amx_args){A, (A->group + AK - 1) / AK * AK, 0, A->wo ? (A->kpo + AK - 1) / AK * AK : 0,
+                           (A->t + 31) / 32 * 32, NULL, NULL, 0};
+    M->kpa = A->ng * M->gs;
+    M->direct = !A->nibbles && M->gs == A->group && A->kp % AK == 0;
+    int8_t *xa = (int8_t *)amx_act_memory(M->tp * (M->kpa + M->kpoa) + 64);
+    if (!xa) return 1;
+    M->xa = xa, M->xoa = xa + M->tp * M->kpa;
+    return 0;
+}
+
+/* The packing jobs of call M (normal channels; outliers where A->wo): item i packs tokens 32 i .. + 31. */
+static void amx_rows_jobs(const struct amx_args *M, struct rows_job *R, struct rows_job *O) {
+    const struct i8_args *A = M->A;
+    *R = (struct rows_job){A->x, A->t, A->kp, A->group, A->ng, M->gs, (int8_t *)M->xa};
+    *O = (struct rows_job){A->xo, A->t, A->kpo, A->kpo, 1, M->kpoa, (int8_t *)M->xoa};
+}
+
+/* The products of call M, its activations packed; then its buffer goes back. */
+static void amx_finish(const struct amx_args *M, int threads) {
+    pool_run(amx_item, M, (M->A->out + AMX_ROWS - 1) / AMX_ROWS, threads);
+    amx_act_release((uint8_t *)M->xa);
+}
+
 /* Runs the call on AMX tiles; 0 if it did, 1 if it could not (no tile permission, no memory). */
 static int amx_run(const struct i8_args *A, int threads) {
-    if (!amx_ready()) return 1;
-    struct amx_args M = {A, (A->group + AK - 1) / AK * AK, 0, A->wo ? (A->kpo + AK - 1) / AK * AK : 0,
-                         (A->t + 31) / 32 * 32, NULL, NULL, 0};
-    M.kpa = A->ng * M.gs;
-    M.direct = !A->nibbles && M.gs == A->group && A->kp % AK == 0;
-    int8_t *xa = (int8_t *)amx_act_memory(M.tp * (M.kpa + M.kpoa) + 64);
-    if (!xa) return 1;
-    struct rows_job R = {A->x, A->t, A->kp, A->group, A->ng, M.gs, xa};
+    struct amx_args M;
+    if (amx_begin(A, &M)) return 1;
+    struct rows_job R, O;
+    amx_rows_jobs(&M, &R, &O);
     pool_run(amx_rows_item, &R, M.tp / 32, threads);
-    if (A->wo) {
-        struct rows_job O = {A->xo, A->t, A->kpo, A->kpo, 1, M.kpoa, xa + M.tp * M.kpa};
-        pool_run(amx_rows_item, &O, M.tp / 32, threads);
-    }
-    M.xa = xa, M.xoa = xa + M.tp * M.kpa;
-    pool_run(amx_item, &M, (A->out + AMX_ROWS - 1) / AMX_ROWS, threads);
-    amx_act_release((uint8_t *)xa);
+    if (A->wo) pool_run(amx_rows_item, &O, M.tp / 32, threads);
+    amx_finish(&M, threads);
     return 0;
 }
 #else

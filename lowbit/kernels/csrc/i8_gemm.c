@@ -299,13 +299,45 @@ void i8_round_bf16(const float *src, uint16_t *dst, int64_t n) { f32_to_bf16_row
 /* The integer kinds' activation codes (act_sym.h) for this library's callers. */
 ACT_SYM_EXPORT(i8_act_sym)
 
+/* The per-token passes of one i8_gemm_linear call fused into items of 32 tokens: the codes
+ * (act_sym.h), their int8 form and group sums (to_int8) and, for a call on AMX tiles, its packed A
+ * tiles: one fork/join of the threads instead of five, each token's values still in cache between
+ * the passes. Every pass is per token, so the same bytes as the passes one after another. */
+#define PREP_TOKENS 32
+struct prep_job {
+    struct act_sym_job *S; /* block = PREP_TOKENS */
+    struct int8_job I, O;  /* O: the outliers, when `outliers` */
+    int outliers;
+    int64_t t;
+#if I8_AMX
+    struct rows_job R, RO; /* when `amx` */
+    int amx;
+#endif
+};
+
+static void prep_item(const void *ctx, int64_t item) {
+    const struct prep_job *P = ctx;
+    act_sym_item(P->S, item);
+    for (int64_t s = item * (PREP_TOKENS / TOKENS_PER_ITEM); s < (item + 1) * (PREP_TOKENS / TOKENS_PER_ITEM); s++) {
+        if (s * TOKENS_PER_ITEM >= P->t) break;
+        int8_item(&P->I, s);
+        if (P->outliers) int8_item(&P->O, s);
+    }
+#if I8_AMX
+    if (P->amx) {
+        amx_rows_item(&P->R, item);
+        if (P->outliers) amx_rows_item(&P->RO, item);
+    }
+#endif
+}
+
 /* One W8A8 / W4A4 linear, one crossing from Python (a decode step calls every layer): x [t, n_in]
  * float32 (x_bf16 = 0) or bfloat16 (1), read through perm when it is not NULL (x[:, perm], the
  * layer's input reorder: the same values, so the same codes), -> per-token codes as i8_act_sym
  * (n normal channels in ng groups of `group` padded to kp, the last n_in - n as INT8 outliers) ->
- * i8_gemm -> y [t, out] float32, or bfloat16 (y_bf16) rounded as torch's .to(bfloat16). wo NULL:
- * no outlier panels. Returns 0, -1 if out of memory, -2 if a token has a NaN or Inf, -3 if perm
- * holds an index outside [0, n_in). */
+ * i8_gemm's products -> y [t, out] float32, or bfloat16 (y_bf16) rounded as torch's .to(bfloat16).
+ * wo NULL: no outlier panels. Returns 0, -1 if out of memory, -2 if a token has a NaN or Inf, -3 if
+ * perm holds an index outside [0, n_in). */
 int i8_gemm_linear(const uint8_t *w, int nibbles, const float *sw, int32_t zero, int64_t out, int64_t kp,
                    int64_t group, int64_t ng, const uint8_t *wo, const float *swo, int64_t kpo, int64_t n_in,
                    int64_t n, int bits, float clip, int half, const int64_t *perm, const void *x, int x_bf16, int64_t t,
@@ -314,27 +346,49 @@ int i8_gemm_linear(const uint8_t *w, int nibbles, const float *sw, int32_t zero,
     for (int64_t j = 0; perm && j < n_in; j++)
         if (perm[j] < 0 || perm[j] >= n_in) return -3;
     const int64_t k = n_in - n;
+    if (!k) wo = NULL;
+    if (!wo) kpo = 0;
     const size_t esz = x_bf16 ? 2 : 4;
     void *xg = perm ? malloc((size_t)(t * n_in) * esz) : NULL;
     int16_t *xq = malloc((size_t)(t * kp + t * k + 1) * sizeof(int16_t));
     float *sx = malloc((size_t)(t * ng + t) * sizeof(float));
     int32_t *xsum = malloc((size_t)(t * ng) * sizeof(int32_t));
+    int8_t *x8 = malloc((size_t)(t * kp) + (size_t)(t * kpo) + 64);
+    int32_t *zx = malloc((size_t)(t * ng + t) * sizeof(int32_t));
     int rc = -1;
-    if ((perm && !xg) || !xq || !sx || !xsum) goto done;
+    if ((perm && !xg) || !xq || !sx || !xsum || !x8 || !zx) goto done;
     int16_t *oq = xq + t * kp;
     float *osx = sx + t * ng;
     struct act_sym_job J = {.x = x, .bf16 = x_bf16, .bits = bits, .half = half, .perm = perm, .xg = xg, .t = t,
-                            .n_in = n_in, .n = n, .group = group, .ng = ng, .kp = kp, .block = TOKENS_PER_ITEM,
+                            .n_in = n_in, .n = n, .group = group, .ng = ng, .kp = kp, .block = PREP_TOKENS,
                             .clip = clip, .xq = xq, .oq = oq, .sx = sx, .osx = osx, .xsum = xsum};
-    pool_run(act_sym_item, &J, (t + TOKENS_PER_ITEM - 1) / TOKENS_PER_ITEM, threads);
+    struct prep_job P = {.S = &J, .I = {xq, t, kp, kp, kp, group, ng, zero, x8, zx}, .outliers = wo != NULL, .t = t};
+    struct i8_args A = {w, sw, out, kp, group, ng, t, zero, nibbles, x8, sx, zx, NULL, NULL, 0, NULL, NULL, NULL, y, y_bf16};
+    if (wo) {
+        P.O = (struct int8_job){oq, t, k, k, kpo, kpo, 1, 128, x8 + t * kp, zx + t * ng};
+        A.wo = wo, A.swo = swo, A.kpo = kpo, A.xo = x8 + t * kp, A.sxo = osx, A.zxo = zx + t * ng;
+    }
+#if I8_AMX
+    struct amx_args M;
+    P.amx = t >= AMX_MIN_T(nibbles) && !amx_begin(&A, &M);
+    if (P.amx) amx_rows_jobs(&M, &P.R, &P.RO);
+#endif
+    pool_run(prep_item, &P, (t + PREP_TOKENS - 1) / PREP_TOKENS, threads);
     rc = -2;
-    if (atomic_load(&J.bad)) goto done;
-    rc = -1;
-    if (i8_gemm_to(w, nibbles, sw, zero, out, kp, group, ng, xq, sx, t, k ? wo : NULL, swo, kpo, oq, k, osx, y, y_bf16,
-                   threads))
+#if I8_AMX
+    if (atomic_load(&J.bad)) {
+        if (P.amx) amx_act_release((uint8_t *)M.xa);
         goto done;
+    }
+    if (P.amx)
+        amx_finish(&M, threads);
+    else
+#else
+    if (atomic_load(&J.bad)) goto done;
+#endif
+        pool_run(i8_item, &A, (out + I8_ROWS_PER_ITEM - 1) / I8_ROWS_PER_ITEM, threads);
     rc = 0;
 done:
-    free(xg), free(xq), free(sx), free(xsum);
+    free(xg), free(xq), free(sx), free(xsum), free(x8), free(zx);
     return rc;
 }
