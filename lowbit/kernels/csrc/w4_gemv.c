@@ -36,6 +36,14 @@ int w4_has_simd(void) { return W4_SIMD; }
 
 
 #if W4_SIMD
+#ifndef W4_PF
+/* Bytes ahead of the codes being read that each step asks the caches for. The hardware's stream
+ * prefetcher stops at every 4 KB page, and a block of 4 rows is 2 kp bytes (8 KB at 4096
+ * channels): measured on 4096² at one token, 2 threads, weights from memory (40 copies rotated,
+ * AMX Xeon, interleaved medians of 200): 0.72-0.80 ms without, 0.50-0.53 ms at 2048 (1024: 0.56,
+ * 4096: 0.52-0.53, 8192: 0.54), in the AVX-512 and AVX2 builds alike. */
+#define W4_PF 2048
+#endif
 /* acc += the 64 products of one 32-byte chunk of codes with 64 int16 activations. */
 #define W4_CHUNK(acc, p, xv0, xv1, xv2, xv3)                                                   \
     do {                                                                                     \
@@ -62,6 +70,8 @@ static void blocks_one_token(const uint8_t *w, const float *s4, const int32_t *z
             for (int64_t j = a; j < b; j += 64) {
                 const __m256i *xv = (const __m256i *)(xq + j);
                 const uint8_t *p = wb + 2 * j;
+                _mm_prefetch((const char *)p + W4_PF, _MM_HINT_T0);
+                _mm_prefetch((const char *)p + W4_PF + 64, _MM_HINT_T0);
                 __m256i x0 = _mm256_loadu_si256(xv), x1 = _mm256_loadu_si256(xv + 1);
                 __m256i x2 = _mm256_loadu_si256(xv + 2), x3 = _mm256_loadu_si256(xv + 3);
                 W4_CHUNK(a0, p, x0, x1, x2, x3);
@@ -93,6 +103,7 @@ static void rows_four_tokens(const uint8_t *w, const float *s4, const int32_t *z
             __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                               _mm256_setzero_si256()};
             for (int64_t j = a; j < b; j += 64) {
+                _mm_prefetch((const char *)wr + 2 * j + W4_PF, _MM_HINT_T0);
                 __m256i v = _mm256_loadu_si256((const __m256i *)(wr + 2 * j));
                 __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
                 __m256i w0 = _mm256_unpacklo_epi8(lo, zero), w1 = _mm256_unpackhi_epi8(lo, zero);
