@@ -1,5 +1,5 @@
 """lowbit's W8A8 linears between vLLM's own OpenMP operators, with the kernels' threads on lowbit's
-pool against torch's OpenMP team (``LOWBIT_THREADS``), beside vLLM's int8 kernel and bf16: how
+pool against torch's OpenMP team and auto, the default (``LOWBIT_THREADS``), beside vLLM's int8 kernel and bf16: how
 much a second thread pool costs inside vLLM's engine, without starting one.
 
 A "step" is 30 decoder layers of the default model's shapes without attention: vLLM's ``rms_norm``
@@ -103,7 +103,7 @@ def main() -> None:
         print(json.dumps(_measure(args.tokens, args.repeats)))
         return
     rows = []
-    for mode in ("pool", "omp"):
+    for mode in ("pool", "omp", "auto"):
         env = dict(os.environ, LOWBIT_THREADS=mode)
         out = subprocess.run([sys.executable, __file__, "--child", "--tokens", *map(str, args.tokens), "--repeats",
                               str(args.repeats)], env=env, capture_output=True, text=True, check=True).stdout

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 
 def register() -> None:
-    """Register ``LowbitConfig`` under the name ``lowbit`` (idempotent: vLLM may call it again), and
-    have lowbit's kernels run on torch's OpenMP team in this process (``LOWBIT_THREADS=omp`` unless
-    set: see ``csrc/work_pool.h``). vLLM's own operators are back-to-back OpenMP regions, whose
-    spinning threads a second thread pool fights for the cores (``scripts/vllm_threads_ab.py`` on 2
-    cores, W8A8 linears and vLLM's norms at 4 tokens: 28.4 ms a step on lowbit's pool, 16.2 on the
-    team, vLLM's own int8 13.8)."""
-    import os
-
-    os.environ.setdefault("LOWBIT_THREADS", "omp")
+    """Register ``LowbitConfig`` under the name ``lowbit`` (idempotent: vLLM may call it again).
+    lowbit's kernels run their items on torch's OpenMP team here by their default
+    (``LOWBIT_THREADS=auto``, ``csrc/work_pool.h``): vLLM's own operators are back-to-back OpenMP
+    regions, whose spinning threads a second thread pool fights for the cores
+    (``scripts/vllm_threads_ab.py`` on 2 cores, W8A8 linears and vLLM's norms at 4 tokens: 16.2 ms
+    a step on lowbit's pool, 9.4-9.6 on the team or auto, vLLM's own int8 9.3-9.6)."""
     from vllm.model_executor.layers.quantization import register_quantization_config
 
     from lowbit.vllm_plugin.plan import NAME
