@@ -23,10 +23,11 @@
  * takes a core: there the team's join waits for a thread that shares its core with the other
  * process, a time slice of milliseconds (GOMP's spin after a region, ~4-9 ms on the AMX Xeon,
  * keeps that thread runnable). The default, LOWBIT_THREADS=auto, takes the team while it answers
- * and the pool for a while after a region whose last thread came POOL_LATE_NS or more after the
- * items ran out and later than four items take on average (a descheduled thread, not a long item):
- * 0.1 s, doubled up to 3.2 s while the team keeps coming late, so that a busy machine's late calls
- * cost little, and back to 0.1 s after a region on time.
+ * and the pool for a while after two regions in a row whose last thread came POOL_LATE_NS or more
+ * after the items ran out and later than four items take on average (a descheduled thread, not a
+ * long item; one such region alone happens on a quiet machine too, about one call in 30 measured
+ * on the AMX Xeon VM): 0.1 s, doubled up to 3.2 s while the team keeps coming late, so that a busy
+ * machine's late calls cost little, and back to 0.1 s after a region on time.
  */
 #ifndef LOWBIT_WORK_POOL_H
 #define LOWBIT_WORK_POOL_H
@@ -143,6 +144,10 @@ static _Atomic(pool_gomp_parallel_fn) pool_omp_fn;
 #define POOL_BACKOFF_MAX 3200000000LL  /* doubled up to this while the team keeps coming late */
 static _Atomic int64_t pool_team_resume_ns; /* auto: calls before this time take the pool */
 static _Atomic int64_t pool_backoff_ns = POOL_BACKOFF_NS;
+#ifndef POOL_LATE_RUN
+#define POOL_LATE_RUN 2 /* late regions in a row before the pool */
+#endif
+static _Atomic int pool_late_run; /* auto: late regions in a row */
 static _Atomic int64_t pool_counts[3];      /* auto: calls on the team, on the pool, late team calls */
 
 static int64_t pool_now_ns(void) {
@@ -222,10 +227,12 @@ static void pool_team_run(pool_gomp_parallel_fn omp, int mode, pool_item_fn fn, 
     int64_t backoff = atomic_load_explicit(&pool_backoff_ns, memory_order_relaxed);
     if (drained && late >= POOL_LATE_NS && late > 4 * item) {
         atomic_fetch_add_explicit(&pool_counts[2], 1, memory_order_relaxed);
+        if (atomic_fetch_add_explicit(&pool_late_run, 1, memory_order_relaxed) + 1 < POOL_LATE_RUN) return;
         atomic_store_explicit(&pool_team_resume_ns, end + backoff, memory_order_relaxed);
         if (backoff < POOL_BACKOFF_MAX) atomic_store_explicit(&pool_backoff_ns, 2 * backoff, memory_order_relaxed);
-    } else if (backoff != POOL_BACKOFF_NS) {
-        atomic_store_explicit(&pool_backoff_ns, POOL_BACKOFF_NS, memory_order_relaxed);
+    } else {
+        atomic_store_explicit(&pool_late_run, 0, memory_order_relaxed);
+        if (backoff != POOL_BACKOFF_NS) atomic_store_explicit(&pool_backoff_ns, POOL_BACKOFF_NS, memory_order_relaxed);
     }
 }
 
