@@ -60,6 +60,10 @@ def _rank_main(fn: Callable, rank: int, world_size: int, port: int, timeout_s: f
     torch.set_num_threads(1)
     try:
         init_group(rank, world_size, port, timeout_s)
+        # every rank is in the mesh before any runs fn: a rank that finished at once and closed its
+        # sockets made another's init fail with gloo's "connection closed by peer" instead of giving
+        # its own result (seen once in the suite: a setting refused on one rank before the other joined)
+        dist.barrier()
         value = fn(rank, world_size, *args)
         queue.put((rank, pickle.dumps(("ok", value))))  # plain bytes: no shared-memory handles that die with us
     except BaseException as e:  # report, never hang the parent
