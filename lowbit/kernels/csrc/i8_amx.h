@@ -1,6 +1,6 @@
 /* AMX-INT8 tiles for the batched W8A8 / W4A4 kernel (included by i8_gemm.c after its vector tiles,
  * whose i8_args, panels and i8_item it uses). Defines I8_AMX (1 where the build has AMX-INT8), and
- * then amx_ready() and amx_run(). */
+ * then amx_ready() and the call's steps amx_begin(), amx_rows_jobs() and amx_finish(). */
 #ifndef LOWBIT_I8_AMX_H
 #define LOWBIT_I8_AMX_H
 #include "amx_tiles.h"
@@ -218,18 +218,6 @@ static void amx_rows_jobs(const struct amx_args *M, struct rows_job *R, struct r
 static void amx_finish(const struct amx_args *M, int threads) {
     pool_run(amx_item, M, (M->A->out + AMX_ROWS - 1) / AMX_ROWS, threads);
     amx_act_release((uint8_t *)M->xa);
-}
-
-/* Runs the call on AMX tiles; 0 if it did, 1 if it could not (no tile permission, no memory). */
-static int amx_run(const struct i8_args *A, int threads) {
-    struct amx_args M;
-    if (amx_begin(A, &M)) return 1;
-    struct rows_job R, O;
-    amx_rows_jobs(&M, &R, &O);
-    pool_run(amx_rows_item, &R, M.tp / 32, threads);
-    if (A->wo) pool_run(amx_rows_item, &O, M.tp / 32, threads);
-    amx_finish(&M, threads);
-    return 0;
 }
 #else
 #define I8_AMX 0

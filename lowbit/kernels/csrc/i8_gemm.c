@@ -253,71 +253,25 @@ static void int8_item(const void *ctx, int64_t item) {
             J->zx + i0 * J->ng);
 }
 
-/* y [t, out] float32 = the groups' rescaled exact products of INT8/INT4 codes xq [t, kp] (int16,
- * |code| <= 128; scales sx [t, ng]) with the panels w (zero point `zero`, scales sw), plus, when wo
- * is not NULL, the INT8 outlier part: codes xo [t, ko] (int16), scales sxo [t], panels wo over kpo
- * channels, row scales swo [out]. out a multiple of 16; kp of 8 (4-bit) or 4; group of 8 or 4.
- * Returns 0, or -1 if out of memory. */
-static int i8_gemm_to(const uint8_t *w, int nibbles, const float *sw, int32_t zero, int64_t out, int64_t kp,
-                      int64_t group, int64_t ng, const int16_t *xq, const float *sx, int64_t t, const uint8_t *wo,
-                      const float *swo, int64_t kpo, const int16_t *xo, int64_t ko, const float *sxo, void *y,
-                      int y_bf16, int threads) {
-    if (t <= 0) return 0;
-    int8_t *x = malloc((size_t)(t * kp) + (size_t)(t * kpo) + 64);
-    int32_t *zx = malloc((size_t)(t * ng + t) * sizeof(int32_t));
-    if (!x || !zx) {
-        free(x), free(zx);
-        return -1;
-    }
-    struct int8_job J = {xq, t, kp, kp, kp, group, ng, zero, x, zx};
-    pool_run(int8_item, &J, (t + TOKENS_PER_ITEM - 1) / TOKENS_PER_ITEM, threads);
-    struct i8_args A = {w, sw, out, kp, group, ng, t, zero, nibbles, x, sx, zx, NULL, NULL, 0, NULL, NULL, NULL, y, y_bf16};
-    if (wo) {
-        int8_t *xo8 = x + t * kp;
-        struct int8_job O = {xo, t, ko, ko, kpo, kpo, 1, 128, xo8, zx + t * ng};
-        pool_run(int8_item, &O, (t + TOKENS_PER_ITEM - 1) / TOKENS_PER_ITEM, threads);
-        A.wo = wo, A.swo = swo, A.kpo = kpo, A.xo = xo8, A.sxo = sxo, A.zxo = zx + t * ng;
-    }
-#if I8_AMX
-    if (t < AMX_MIN_T(nibbles) || amx_run(&A, threads))
-#endif
-        pool_run(i8_item, &A, (out + I8_ROWS_PER_ITEM - 1) / I8_ROWS_PER_ITEM, threads);
-    free(x), free(zx);
-    return 0;
-}
-
-int i8_gemm(const uint8_t *w, int nibbles, const float *sw, int32_t zero, int64_t out, int64_t kp, int64_t group,
-            int64_t ng, const int16_t *xq, const float *sx, int64_t t, const uint8_t *wo, const float *swo,
-            int64_t kpo, const int16_t *xo, int64_t ko, const float *sxo, float *y, int threads) {
-    return i8_gemm_to(w, nibbles, sw, zero, out, kp, group, ng, xq, sx, t, wo, swo, kpo, xo, ko, sxo, y, 0, threads);
-}
-
-/* The outputs' rounding to bfloat16 (f32_to_bf16_row, this build's vector width) on its own, so that
- * its ties, NaN, Inf and subnormals can be checked against torch's in every build. */
-void i8_round_bf16(const float *src, uint16_t *dst, int64_t n) { f32_to_bf16_row(dst, src, n); }
-
-/* The integer kinds' activation codes (act_sym.h) for this library's callers. */
-ACT_SYM_EXPORT(i8_act_sym)
-
-/* The per-token passes of one i8_gemm_linear call fused into items of 32 tokens: the codes
- * (act_sym.h), their int8 form and group sums (to_int8) and, for a call on AMX tiles, its packed A
- * tiles: one fork/join of the threads instead of five, each token's values still in cache between
- * the passes. Every pass is per token, so the same bytes as the passes one after another. */
+/* The per-token passes of one call fused into items of 32 tokens: the codes (act_sym.h) where the
+ * call computes them, their int8 form and group sums (to_int8) and, for a call on AMX tiles, its
+ * packed A tiles: one fork/join of the threads instead of up to five, each token's values still in
+ * cache between the passes. Every pass is per token, so the same bytes as the passes one after
+ * another. */
 #define PREP_TOKENS 32
 struct prep_job {
-    struct act_sym_job *S; /* block = PREP_TOKENS */
+    struct act_sym_job *S; /* NULL: the codes are given; else its block is PREP_TOKENS */
     struct int8_job I, O;  /* O: the outliers, when `outliers` */
-    int outliers;
+    int outliers, amx;
     int64_t t;
 #if I8_AMX
     struct rows_job R, RO; /* when `amx` */
-    int amx;
 #endif
 };
 
 static void prep_item(const void *ctx, int64_t item) {
     const struct prep_job *P = ctx;
-    act_sym_item(P->S, item);
+    if (P->S) act_sym_item(P->S, item);
     for (int64_t s = item * (PREP_TOKENS / TOKENS_PER_ITEM); s < (item + 1) * (PREP_TOKENS / TOKENS_PER_ITEM); s++) {
         if (s * TOKENS_PER_ITEM >= P->t) break;
         int8_item(&P->I, s);
@@ -330,6 +284,59 @@ static void prep_item(const void *ctx, int64_t item) {
     }
 #endif
 }
+
+/* y [t, out] float32 = the groups' rescaled exact products of INT8/INT4 codes xq [t, kp] (int16,
+ * |code| <= 128; scales sx [t, ng]) with the panels w (zero point `zero`, scales sw), plus, when wo
+ * is not NULL, the INT8 outlier part: codes xo [t, ko] (int16), scales sxo [t], panels wo over kpo
+ * channels, row scales swo [out]. out a multiple of 16; kp of 8 (4-bit) or 4; group of 8 or 4.
+ * With S not NULL the codes are S's, computed here in the same work items. Returns 0, -1 if out of
+ * memory, -2 if S found a NaN or Inf. */
+static int i8_gemm_to(const uint8_t *w, int nibbles, const float *sw, int32_t zero, int64_t out, int64_t kp,
+                      int64_t group, int64_t ng, const int16_t *xq, const float *sx, int64_t t, const uint8_t *wo,
+                      const float *swo, int64_t kpo, const int16_t *xo, int64_t ko, const float *sxo,
+                      struct act_sym_job *S, void *y, int y_bf16, int threads) {
+    if (t <= 0) return 0;
+    int8_t *x = malloc((size_t)(t * kp) + (size_t)(wo ? t * kpo : 0) + 64);
+    int32_t *zx = malloc((size_t)(t * ng + t) * sizeof(int32_t));
+    if (!x || !zx) {
+        free(x), free(zx);
+        return -1;
+    }
+    struct prep_job P = {.S = S, .I = {xq, t, kp, kp, kp, group, ng, zero, x, zx}, .outliers = wo != NULL, .t = t};
+    struct i8_args A = {w, sw, out, kp, group, ng, t, zero, nibbles, x, sx, zx, NULL, NULL, 0, NULL, NULL, NULL, y, y_bf16};
+    if (wo) {
+        P.O = (struct int8_job){xo, t, ko, ko, kpo, kpo, 1, 128, x + t * kp, zx + t * ng};
+        A.wo = wo, A.swo = swo, A.kpo = kpo, A.xo = x + t * kp, A.sxo = sxo, A.zxo = zx + t * ng;
+    }
+#if I8_AMX
+    struct amx_args M;
+    P.amx = t >= AMX_MIN_T(nibbles) && !amx_begin(&A, &M);
+    if (P.amx) amx_rows_jobs(&M, &P.R, &P.RO);
+#endif
+    pool_run(prep_item, &P, (t + PREP_TOKENS - 1) / PREP_TOKENS, threads);
+    const int bad = S && atomic_load(&S->bad);
+#if I8_AMX
+    if (P.amx && bad) amx_act_release((uint8_t *)M.xa);
+    if (P.amx && !bad) amx_finish(&M, threads);
+#endif
+    if (!P.amx && !bad) pool_run(i8_item, &A, (out + I8_ROWS_PER_ITEM - 1) / I8_ROWS_PER_ITEM, threads);
+    free(x), free(zx);
+    return bad ? -2 : 0;
+}
+
+int i8_gemm(const uint8_t *w, int nibbles, const float *sw, int32_t zero, int64_t out, int64_t kp, int64_t group,
+            int64_t ng, const int16_t *xq, const float *sx, int64_t t, const uint8_t *wo, const float *swo,
+            int64_t kpo, const int16_t *xo, int64_t ko, const float *sxo, float *y, int threads) {
+    return i8_gemm_to(w, nibbles, sw, zero, out, kp, group, ng, xq, sx, t, wo, swo, kpo, xo, ko, sxo, NULL, y, 0,
+                      threads);
+}
+
+/* The outputs' rounding to bfloat16 (f32_to_bf16_row, this build's vector width) on its own, so that
+ * its ties, NaN, Inf and subnormals can be checked against torch's in every build. */
+void i8_round_bf16(const float *src, uint16_t *dst, int64_t n) { f32_to_bf16_row(dst, src, n); }
+
+/* The integer kinds' activation codes (act_sym.h) for this library's callers. */
+ACT_SYM_EXPORT(i8_act_sym)
 
 /* One W8A8 / W4A4 linear, one crossing from Python (a decode step calls every layer): x [t, n_in]
  * float32 (x_bf16 = 0) or bfloat16 (1), read through perm when it is not NULL (x[:, perm], the
@@ -346,49 +353,21 @@ int i8_gemm_linear(const uint8_t *w, int nibbles, const float *sw, int32_t zero,
     for (int64_t j = 0; perm && j < n_in; j++)
         if (perm[j] < 0 || perm[j] >= n_in) return -3;
     const int64_t k = n_in - n;
-    if (!k) wo = NULL;
-    if (!wo) kpo = 0;
     const size_t esz = x_bf16 ? 2 : 4;
     void *xg = perm ? malloc((size_t)(t * n_in) * esz) : NULL;
     int16_t *xq = malloc((size_t)(t * kp + t * k + 1) * sizeof(int16_t));
     float *sx = malloc((size_t)(t * ng + t) * sizeof(float));
     int32_t *xsum = malloc((size_t)(t * ng) * sizeof(int32_t));
-    int8_t *x8 = malloc((size_t)(t * kp) + (size_t)(t * kpo) + 64);
-    int32_t *zx = malloc((size_t)(t * ng + t) * sizeof(int32_t));
     int rc = -1;
-    if ((perm && !xg) || !xq || !sx || !xsum || !x8 || !zx) goto done;
+    if ((perm && !xg) || !xq || !sx || !xsum) goto done;
     int16_t *oq = xq + t * kp;
     float *osx = sx + t * ng;
     struct act_sym_job J = {.x = x, .bf16 = x_bf16, .bits = bits, .half = half, .perm = perm, .xg = xg, .t = t,
                             .n_in = n_in, .n = n, .group = group, .ng = ng, .kp = kp, .block = PREP_TOKENS,
                             .clip = clip, .xq = xq, .oq = oq, .sx = sx, .osx = osx, .xsum = xsum};
-    struct prep_job P = {.S = &J, .I = {xq, t, kp, kp, kp, group, ng, zero, x8, zx}, .outliers = wo != NULL, .t = t};
-    struct i8_args A = {w, sw, out, kp, group, ng, t, zero, nibbles, x8, sx, zx, NULL, NULL, 0, NULL, NULL, NULL, y, y_bf16};
-    if (wo) {
-        P.O = (struct int8_job){oq, t, k, k, kpo, kpo, 1, 128, x8 + t * kp, zx + t * ng};
-        A.wo = wo, A.swo = swo, A.kpo = kpo, A.xo = x8 + t * kp, A.sxo = osx, A.zxo = zx + t * ng;
-    }
-#if I8_AMX
-    struct amx_args M;
-    P.amx = t >= AMX_MIN_T(nibbles) && !amx_begin(&A, &M);
-    if (P.amx) amx_rows_jobs(&M, &P.R, &P.RO);
-#endif
-    pool_run(prep_item, &P, (t + PREP_TOKENS - 1) / PREP_TOKENS, threads);
-    rc = -2;
-#if I8_AMX
-    if (atomic_load(&J.bad)) {
-        if (P.amx) amx_act_release((uint8_t *)M.xa);
-        goto done;
-    }
-    if (P.amx)
-        amx_finish(&M, threads);
-    else
-#else
-    if (atomic_load(&J.bad)) goto done;
-#endif
-        pool_run(i8_item, &A, (out + I8_ROWS_PER_ITEM - 1) / I8_ROWS_PER_ITEM, threads);
-    rc = 0;
+    rc = i8_gemm_to(w, nibbles, sw, zero, out, kp, group, ng, xq, sx, t, k ? wo : NULL, swo, kpo, oq, k, osx, &J, y,
+                    y_bf16, threads);
 done:
-    free(xg), free(xq), free(sx), free(xsum), free(x8), free(zx);
+    free(xg), free(xq), free(sx), free(xsum);
     return rc;
 }
