@@ -33,8 +33,7 @@ def run(args) -> int:
     if rep["kernel_threads"]:
         where = {"omp": "torch's OpenMP team", "pool": "lowbit's own pool",
                  "auto": "torch's OpenMP team, lowbit's pool while the team comes late"}[rep["kernel_threads"]]
-        console.print(f"kernel threads: {where} (LOWBIT_THREADS=auto|omp|pool)",
-                      highlight=False)
+        console.print(f"kernel threads: {where} (LOWBIT_THREADS=auto|omp|pool)", highlight=False)
     feats = Table(title="instruction-set features")
     feats.add_column("feature")
     feats.add_column("present", justify="center")

@@ -218,12 +218,12 @@ static void pool_omp_body(void *arg) { /* every thread of the team claims items 
 static void pool_team_run(pool_gomp_parallel_fn omp, int mode, pool_item_fn fn, const void *ctx, int64_t items,
                           int threads) {
     struct pool_omp_job job = {fn, ctx, items, 0, mode == 3, 0};
-    const int64_t start = mode == 3 ? pool_now_ns() : 0;
-    omp(pool_omp_body, &job, (unsigned)(threads < items ? threads : items), 0);
+    const int64_t start = mode == 3 ? pool_now_ns() : 0, team = threads < items ? threads : items;
+    omp(pool_omp_body, &job, (unsigned)team, 0);
     if (mode != 3) return;
     atomic_fetch_add_explicit(&pool_counts[0], 1, memory_order_relaxed);
     const int64_t end = pool_now_ns(), drained = atomic_load_explicit(&job.drained_ns, memory_order_relaxed);
-    const int64_t late = end - drained, item = (drained - start) * (threads < items ? threads : items) / items;
+    const int64_t late = end - drained, item = (drained - start) * team / items;
     int64_t backoff = atomic_load_explicit(&pool_backoff_ns, memory_order_relaxed);
     if (drained && late >= POOL_LATE_NS && late > 4 * item) {
         atomic_fetch_add_explicit(&pool_counts[2], 1, memory_order_relaxed);
@@ -241,7 +241,10 @@ static void pool_run(pool_item_fn fn, const void *ctx, int64_t items, int thread
     if (threads > POOL_MAX_WORKERS + 1) threads = POOL_MAX_WORKERS + 1;
     pool_gomp_parallel_fn omp = NULL;
     const int mode = threads > 1 && items > 1 ? pool_mode(&omp) : 1;
-    if (mode == 3 && pool_now_ns() < atomic_load_explicit(&pool_team_resume_ns, memory_order_relaxed)) omp = NULL;
+    if (mode == 3) { /* the clock is read only once the team has come late at all */
+        const int64_t resume = atomic_load_explicit(&pool_team_resume_ns, memory_order_relaxed);
+        if (resume && pool_now_ns() < resume) omp = NULL;
+    }
     /* one call at a time on the pool or the team: a second caller (another Python thread) runs alone */
     if (threads <= 1 || items <= 1 || (!omp && items > POOL_MAX_ITEMS) || pthread_mutex_trylock(&pool_.call) != 0) {
         for (int64_t i = 0; i < items; i++) fn(ctx, i);
