@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU checks and GPU benchmark rows, for a machine with a CUDA GPU (not used by CI).
 #
-#   bash scripts/gpu_check.sh kernels   # GPU tests (Triton kernels, codecs, evaluators, QuantLinear), bench gemm/codecs
+#   bash scripts/gpu_check.sh kernels   # bench codecs, W4A4 tile sweep, GPU tests (Triton kernels, codecs,
+#                                       # evaluators, QuantLinear), bench gemm
 #   bash scripts/gpu_check.sh model     # default model on the GPU: full ppl + zero-shot, presets at Atom's calibration size
 #
 # Uses the machine's own python3 (torch with CUDA, triton); lowbit runs from this checkout.
@@ -54,11 +55,13 @@ EOF
 case $PHASE in
 kernels)
     env_info
-    step gpu-tests 200 $PY -m pytest -q -p no:cacheprovider -m gpu -rs \
-        tests/kernels/triton/test_gpu.py tests/comm/test_codecs_cuda.py tests/comm/test_triton_codec.py tests/eval/test_eval_cuda.py tests/nn/test_quant_linear_cuda.py
-    step bench-gemm 150 $PY -m lowbit bench gemm --device "$DEV" --shapes default,llama7b --batches 1,8,64,512 \
-        --kernels fp32,bf16,w4a4 --repeats 15 --out "$OUT/gemm"
+    # measurements first (the lent minutes may end), then the correctness tests
     step bench-codecs 60 $PY -m lowbit bench codecs --device "$DEV" --elements $((64 << 20)) --repeats 15 --out "$OUT/codecs"
+    step w4a4-tiles 120 $PY scripts/gpu_w4a4_tiles.py "$OUT/w4a4_tiles.json"
+    step gpu-tests 150 $PY -m pytest -q -p no:cacheprovider -m gpu -rs -x --timeout 120 \
+        tests/kernels/triton/test_gpu.py tests/comm/test_codecs_cuda.py tests/comm/test_triton_codec.py tests/eval/test_eval_cuda.py tests/nn/test_quant_linear_cuda.py
+    step bench-gemm 120 $PY -m lowbit bench gemm --device "$DEV" --shapes default,llama7b --batches 1,8,64,512 \
+        --kernels fp32,bf16,w4a4 --repeats 15 --out "$OUT/gemm"
     ;;
 model)
     env_info

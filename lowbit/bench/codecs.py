@@ -27,7 +27,8 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from lowbit.comm.codecs import decode, decode_torch, encode, encode_torch, native, parse_spec
+    from lowbit.comm.codecs import decode_torch, encode_torch, native, parse_spec
+    from lowbit.comm.codecs.device import decode, encode, uses_triton
     from lowbit.bench.allreduce_timing import DTYPES
     from lowbit.io.outputs import check_output_dir
 
@@ -54,6 +55,7 @@ def run(args) -> int:
         if not spec.plain_codec:
             rows.append(_channel_row(spec, x, y, args.hidden, args.repeats, sync, impl, copy_gbs))
             continue
+        row_impl = "Triton (fused)" if args.impl == "auto" and uses_triton(x, c) else impl
         w = enc(x, c)
         if args.impl == "auto":  # into a kept buffer, as QuickAllReduce does
             wbuf = torch.empty_like(w)
@@ -67,7 +69,7 @@ def run(args) -> int:
             td = _median_time(lambda: y.copy_(dec(w, c, x.numel(), dtype)), args.repeats, sync)
         both = nbytes / (te + td) / 1e9
         rows.append({
-            "codec": spec.name, "impl": impl, "wire_ratio": round(c.ratio(dtype), 3),
+            "codec": spec.name, "impl": row_impl, "wire_ratio": round(c.ratio(dtype), 3),
             "encode_GBps": nbytes / te / 1e9, "decode_GBps": nbytes / td / 1e9, "enc_dec_GBps": both,
             "copy_GBps": copy_gbs, "enc_dec_vs_copy": both / copy_gbs,
         })

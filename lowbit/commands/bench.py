@@ -55,7 +55,9 @@ def _codecs(kinds) -> None:
     p.add_argument("--codecs", type=codec_list, default="fp,int8,int6,int4,int3,fp4")
     p.add_argument("--repeats", type=positive_int, default=7)
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads (1 = per core)")
-    p.add_argument("--impl", default="auto", choices=["auto", "torch"], help="auto: compiled C on CPU if it builds")
+    p.add_argument("--impl", default="auto", choices=["auto", "torch"],
+                   help="auto: compiled C on CPU if it builds, the fused Triton kernels on CUDA (INT8, INT4); "
+                        "torch: the vectorised torch codec")
     p.add_argument("--device", default="cpu")
     p.add_argument("--hidden", type=positive_int, default=576,
                    help="the messages' last dimension for codecs with +h / +oN options (default: %(default)s, SmolLM2)")

@@ -26,6 +26,8 @@ from .spec import ROW, Codec, check_dtype, get_codec, n_rows
 SUPPORTED = ("int8", "int4")
 _BF16_MAX = tl.constexpr(3.3895313892515355e38)  # the largest finite bfloat16, exact in fp32
 _OUT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+# warps per 2048-value row for each kernel (any width gives the same bits; a tuning knob)
+WARPS = {"encode": 4, "decode": 2, "reduce": 2}  # H200: scripts/gpu_check.sh, README
 
 
 @triton.jit
@@ -35,6 +37,18 @@ def _rint(v):
     f = v - r
     odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
     return tl.where((f > 0.5) | ((f == 0.5) & odd), r + 1.0, r)
+
+
+@triton.jit
+def _interleave(e, o):
+    """[64, 16] even and odd values → [64, 32] in row order (e0 o0 e1 o1 ...)."""
+    return tl.reshape(tl.join(e, o), (64, 32))
+
+
+@triton.jit
+def _deinterleave(v):
+    """[64, 32] in row order → its even and odd values, [64, 16] each."""
+    return tl.split(tl.reshape(v, (64, 16, 2)))
 
 
 @triton.jit
@@ -88,10 +102,8 @@ def _store_row(wire_ptr, row, qe, qo, h, RB: tl.constexpr, CODE_BYTES: tl.conste
     blk = tl.arange(0, 64)
     pair = tl.arange(0, 16)
     base = wire_ptr + row.to(tl.int64) * RB
-    if BITS == 8:
-        idx = blk[:, None] * 32 + 2 * pair[None, :]
-        tl.store(base + idx, qe.to(tl.uint8))
-        tl.store(base + idx + 1, qo.to(tl.uint8))
+    if BITS == 8:  # even and odd codes interleaved in registers: one contiguous store
+        tl.store(base + blk[:, None] * 32 + tl.arange(0, 32)[None, :], _interleave(qe, qo).to(tl.uint8))
     else:
         tl.store(base + blk[:, None] * 16 + pair[None, :], (qe | (qo << 4)).to(tl.uint8))
     tl.store(base + CODE_BYTES + 2 * blk, (h & 0xFF).to(tl.uint8))
@@ -105,10 +117,8 @@ def _load_row(wire_ptr, row, RB: tl.constexpr, CODE_BYTES: tl.constexpr, BITS: t
     blk = tl.arange(0, 64)
     pair = tl.arange(0, 16)
     base = wire_ptr + row.to(tl.int64) * RB
-    if BITS == 8:
-        idx = blk[:, None] * 32 + 2 * pair[None, :]
-        ce = tl.load(base + idx).to(tl.int32)
-        co = tl.load(base + idx + 1).to(tl.int32)
+    if BITS == 8:  # one contiguous load, split into even and odd codes in registers
+        ce, co = _deinterleave(tl.load(base + blk[:, None] * 32 + tl.arange(0, 32)[None, :]).to(tl.int32))
     else:
         byte = tl.load(base + blk[:, None] * 16 + pair[None, :]).to(tl.int32)
         ce = byte & 15
@@ -139,11 +149,16 @@ def _sat16(v):
 
 
 @triton.jit
+def _row_index(row):
+    """Element indices of one 2048-value row as [64 blocks, 32 values], contiguous per block."""
+    return row.to(tl.int64) * 2048 + tl.arange(0, 64)[:, None] * 32 + tl.arange(0, 32)[None, :]
+
+
+@triton.jit
 def _encode_kernel(x_ptr, wire_ptr, n, RB: tl.constexpr, CODE_BYTES: tl.constexpr, BITS: tl.constexpr):
     row = tl.program_id(0)
-    idx = row.to(tl.int64) * 2048 + tl.arange(0, 64)[:, None] * 32 + 2 * tl.arange(0, 16)[None, :]
-    xe = tl.load(x_ptr + idx, mask=idx < n, other=0.0).to(tl.float32)
-    xo = tl.load(x_ptr + idx + 1, mask=idx + 1 < n, other=0.0).to(tl.float32)
+    idx = _row_index(row)
+    xe, xo = _deinterleave(tl.load(x_ptr + idx, mask=idx < n, other=0.0).to(tl.float32))
     qe, qo, h = _encode_tile(xe, xo, BITS)
     _store_row(wire_ptr, row, qe, qo, h, RB, CODE_BYTES, BITS)
 
@@ -153,16 +168,14 @@ def _decode_kernel(wire_ptr, out_ptr, n, RB: tl.constexpr, CODE_BYTES: tl.conste
                    OUT: tl.constexpr):
     row = tl.program_id(0)
     ve, vo = _load_row(wire_ptr, row, RB, CODE_BYTES, BITS)
-    idx = row.to(tl.int64) * 2048 + tl.arange(0, 64)[:, None] * 32 + 2 * tl.arange(0, 16)[None, :]
+    idx = _row_index(row)
     if OUT == 2:
         ve = _sat16(ve)
         vo = _sat16(vo)
     if OUT == 1:  # bfloat16 written as its bits (out_ptr is int16): rounded to nearest even here
-        tl.store(out_ptr + idx, _bf16_bits(ve), mask=idx < n)
-        tl.store(out_ptr + idx + 1, _bf16_bits(vo), mask=idx + 1 < n)
+        tl.store(out_ptr + idx, _interleave(_bf16_bits(ve), _bf16_bits(vo)), mask=idx < n)
     else:
-        tl.store(out_ptr + idx, ve.to(out_ptr.dtype.element_ty), mask=idx < n)
-        tl.store(out_ptr + idx + 1, vo.to(out_ptr.dtype.element_ty), mask=idx + 1 < n)
+        tl.store(out_ptr + idx, _interleave(ve, vo).to(out_ptr.dtype.element_ty), mask=idx < n)
 
 
 @triton.jit
@@ -208,7 +221,8 @@ def encode(x: torch.Tensor, codec: str | Codec, *, out: torch.Tensor | None = No
     if tuple(out.shape) != (rows, c.row_bytes) or out.dtype != torch.uint8 or not out.is_contiguous():
         raise ValueError(f"encode: out must be contiguous uint8 {(rows, c.row_bytes)}, got {tuple(out.shape)}")
     if rows:
-        _encode_kernel[(rows,)](flat, out, flat.numel(), RB=c.row_bytes, CODE_BYTES=c.code_bytes, BITS=c.bits)
+        _encode_kernel[(rows,)](flat, out, flat.numel(), RB=c.row_bytes, CODE_BYTES=c.code_bytes, BITS=c.bits,
+                                num_warps=WARPS["encode"])
     return out
 
 
@@ -230,7 +244,7 @@ def decode(wire: torch.Tensor, codec: str | Codec, n: int, dtype: torch.dtype,
     if used:
         dst = out.view(torch.int16) if dtype == torch.bfloat16 else out
         _decode_kernel[(used,)](wire.contiguous(), dst, n, RB=c.row_bytes, CODE_BYTES=c.code_bytes, BITS=c.bits,
-                                OUT=_OUT[dtype])
+                                OUT=_OUT[dtype], num_warps=WARPS["decode"])
     return out
 
 
@@ -251,5 +265,5 @@ def reduce_encode(wires: list[torch.Tensor], codec: str | Codec, *, clamp: float
         raise ValueError(f"reduce_encode: out must be contiguous uint8 {(rows, c.row_bytes)}")
     if rows:
         _reduce_kernel[(rows,)](stacked, out, len(wires), rows, float(clamp), RB=c.row_bytes,
-                                CODE_BYTES=c.code_bytes, BITS=c.bits, F16=clamp > 0)
+                                CODE_BYTES=c.code_bytes, BITS=c.bits, F16=clamp > 0, num_warps=WARPS["reduce"])
     return out

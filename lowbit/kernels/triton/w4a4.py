@@ -1,9 +1,9 @@
 """Triton W4A4 group GEMM with the INT8 outlier part fused (one kernel, one output write).
 
 Per output tile and per group of ``G`` input channels: load int8 activation codes and packed
-INT4 weight nibbles (two codes a byte, low nibble first, stored ``code + 8``), unpack in
-registers, one int8 x int8 → int32 ``tl.dot`` (exact), rescale by act_scale[token, group] x
-w_scale[out, group] into a float32 accumulator; then the outlier channels as int8 dots into
+INT4 weight nibbles (two codes a byte, stored ``code + 8``: the group's first half in the low
+nibbles, its second half in the high ones), two int8 x int8 → int32 ``tl.dot`` (exact),
+rescale by act_scale[token, group] x w_scale[out, group] into a float32 accumulator; then the outlier channels as int8 dots into
 an int32 accumulator with their own scales; bias; store. Tested on CPU under
 ``TRITON_INTERPRET=1`` against the float64 integer reference (float32 rescale error only).
 """
@@ -33,18 +33,20 @@ if triton is not None:
         ro = po * BO + tl.arange(0, BO)
         mm = rm < M
         mo = ro < O
-        rg = tl.arange(0, G)
         rh = tl.arange(0, G // 2)
         acc = tl.zeros((BM, BO), dtype=tl.float32)
         for gi in range(0, NG):
-            cols = gi * G + rg
-            a = tl.load(a_ptr + rm[:, None] * s_a + cols[None, :], mask=mm[:, None] & (cols[None, :] < N), other=0)
-            hcols = gi * (G // 2) + rh
-            b = tl.load(w_ptr + ro[:, None] * s_w + hcols[None, :], mask=mo[:, None] & (hcols[None, :] * 2 < N), other=0x88)
+            # byte j of a group holds channel j (low nibble) and channel j + G/2 (high nibble), so the
+            # two halves are two plain dots with no interleave in registers
+            cols = gi * G + rh
+            a_lo = tl.load(a_ptr + rm[:, None] * s_a + cols[None, :], mask=mm[:, None] & (cols[None, :] < N), other=0)
+            a_hi = tl.load(a_ptr + rm[:, None] * s_a + (cols + G // 2)[None, :],
+                           mask=mm[:, None] & ((cols + G // 2)[None, :] < N), other=0)
+            b = tl.load(w_ptr + ro[:, None] * s_w + (gi * (G // 2) + rh)[None, :], mask=mo[:, None], other=0x88)
             lo = (b & 0xF).to(tl.int8) - 8
             hi = (b >> 4).to(tl.int8) - 8
-            w = tl.reshape(tl.join(lo, hi), (BO, G))
-            p = tl.dot(a, tl.trans(w), out_dtype=tl.int32)
+            p = tl.dot(a_lo, tl.trans(lo), out_dtype=tl.int32)
+            p += tl.dot(a_hi, tl.trans(hi), out_dtype=tl.int32)
             sa = tl.load(as_ptr + rm * s_as + gi, mask=mm, other=0.0)
             sw = tl.load(ws_ptr + ro * s_ws + gi, mask=mo, other=0.0)
             acc += p.to(tl.float32) * sa[:, None] * sw[None, :]
@@ -65,7 +67,7 @@ if triton is not None:
 
 @dataclass
 class TritonW4A4Prepared:
-    packed: torch.Tensor  # uint8 [out, ceil(n/2)]: code+8, low nibble = even channel
+    packed: torch.Tensor  # uint8 [out, groups * group/2]: code+8, see pack_nibbles
     scale: torch.Tensor  # float32 [out, n_groups]
     outlier: torch.Tensor  # int8 [out, k]
     outlier_scale: torch.Tensor  # float32 [out]
@@ -75,12 +77,15 @@ class TritonW4A4Prepared:
     bias: torch.Tensor | None
 
 
-def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
-    """Signed int4 codes ``[out, n]`` → uint8 ``[out, ceil(n/2)]`` (stored ``code + 8``)."""
+def pack_nibbles(codes: torch.Tensor, group: int) -> torch.Tensor:
+    """Signed int4 codes ``[out, n]`` → uint8 ``[out, ceil(n / group) * group / 2]`` (stored
+    ``code + 8``, the last group padded with code 0): within each group of ``group`` channels,
+    byte ``j`` holds channel ``j`` in its low nibble and channel ``j + group/2`` in its high one."""
+    out, n = codes.shape
+    ng = -(-n // group)
     u = (codes.to(torch.int16) + 8).to(torch.uint8)
-    if u.shape[1] % 2:
-        u = F.pad(u, (0, 1), value=8)
-    return (u[:, 0::2] | (u[:, 1::2] << 4)).contiguous()
+    u = F.pad(u, (0, ng * group - n), value=8).view(out, ng, 2, group // 2)
+    return (u[:, :, 0] | (u[:, :, 1] << 4)).reshape(out, ng * group // 2).contiguous()
 
 
 def prepare(p: LinearParams, device: torch.device | str | None = None) -> TritonW4A4Prepared:
@@ -91,7 +96,7 @@ def prepare(p: LinearParams, device: torch.device | str | None = None) -> Triton
         raise KernelError(f"triton w4a4 needs equal power-of-two weight/activation groups >= 16, got {g}/{p.act.group}")
     dev = torch.device(device) if device is not None else p.codes.device
     mv = lambda t: None if t is None else t.to(dev).contiguous()  # noqa: E731
-    return TritonW4A4Prepared(mv(pack_nibbles(p.codes)), mv(p.scale.float()), mv(p.outlier),
+    return TritonW4A4Prepared(mv(pack_nibbles(p.codes, g)), mv(p.scale.float()), mv(p.outlier),
                               mv(p.outlier_scale.float()), p.act, p.n_normal, g, mv(p.bias))
 
 
@@ -105,8 +110,10 @@ def _config(m: int) -> tuple[int, int, int]:
 
 
 def matmul(codes: torch.Tensor, scale: torch.Tensor, outlier: torch.Tensor, outlier_scale: torch.Tensor,
-           w: TritonW4A4Prepared, block_m: int | None = None, block_o: int | None = None, block_k: int = 32) -> torch.Tensor:
-    """Quantized activations (int8 codes ``[M, N]``, scales ``[M, NG]``, outliers) times ``w``."""
+           w: TritonW4A4Prepared, block_m: int | None = None, block_o: int | None = None, block_k: int = 32,
+           num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+    """Quantized activations (int8 codes ``[M, N]``, scales ``[M, NG]``, outliers) times ``w``;
+    the tile keywords override the configuration chosen by token count (for tile sweeps)."""
     if triton is None:
         raise KernelError("triton is not installed")
     m, n = codes.shape
@@ -119,7 +126,8 @@ def matmul(codes: torch.Tensor, scale: torch.Tensor, outlier: torch.Tensor, outl
         return y
     ng = scale.shape[1]
     cfg_m, cfg_o, warps = _config(m)
-    block_m, block_o = block_m or cfg_m, block_o or cfg_o
+    block_m, block_o, warps = block_m or cfg_m, block_o or cfg_o, num_warps or warps
+    extra = {} if num_stages is None else {"num_stages": num_stages}
     bias = w.bias if w.bias is not None else y
     grid = (triton.cdiv(m, block_m), triton.cdiv(o, block_o))
     ao = outlier if k else codes.new_zeros(m, 1)
@@ -127,7 +135,7 @@ def matmul(codes: torch.Tensor, scale: torch.Tensor, outlier: torch.Tensor, outl
     _w4a4_kernel[grid](codes, scale, ao, outlier_scale, w.packed, w.scale, wo, w.outlier_scale, bias, y,
                        m, o, n, k, ng, codes.stride(0), scale.stride(0), ao.stride(0), w.packed.stride(0),
                        w.scale.stride(0), wo.stride(0), y.stride(0),
-                       G=w.group, BM=block_m, BO=block_o, BK=block_k, HAS_BIAS=w.bias is not None, num_warps=warps)
+                       G=w.group, BM=block_m, BO=block_o, BK=block_k, HAS_BIAS=w.bias is not None, num_warps=warps, **extra)
     return y
 
 
