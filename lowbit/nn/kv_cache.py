@@ -19,7 +19,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import torch
-from transformers.cache_utils import BaseQuantizedLayer, Cache
+from transformers.cache_utils import Cache, DynamicLayer
 
 from lowbit.formats import PerToken, QParams, choose_qparams, dequantize, pack, quantize, unpack
 from lowbit.formats.hadamard import orthonormal
@@ -99,16 +99,27 @@ class PackedKV:
         return sum(t.numel() * t.element_size() for t in ts)
 
 
-class PackedKVLayer(BaseQuantizedLayer):
+class PackedKVLayer(DynamicLayer):
+    """One layer's packed keys and values. Built on ``DynamicLayer`` with the few members of
+    transformers' ``BaseQuantizedLayer`` (5.2x) written out, so it also runs under the older
+    transformers that vLLM's CPU build pins (5.19 has no such base class)."""
+
+    is_croppable = False  # packed codes cannot be cut back token by token
+
     def __init__(self, bits: int = 4, symmetric: bool = False, hadamard: bool = False, group: int = 0):
         super().__init__()
         self.bits, self.symmetric, self.hadamard, self.group = bits, symmetric, hadamard, group
+        self.cumulative_length = 0
+        self._quantized_keys = self._quantized_values = None
 
-    def _quantize(self, tensor):  # required by the base class; appending is done by PackedKV
-        raise NotImplementedError
+    def reset(self) -> None:
+        """Drop the packed states (the next update starts from scratch)."""
+        super().reset()
+        self.cumulative_length = 0
+        self._quantized_keys = self._quantized_values = None
 
-    def _dequantize(self, q_tensor):
-        raise NotImplementedError
+    def get_seq_length(self) -> int:
+        return self.cumulative_length
 
     def lazy_initialization(self, key_states, value_states) -> None:
         super().lazy_initialization(key_states, value_states)

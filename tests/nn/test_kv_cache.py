@@ -156,3 +156,47 @@ def test_kv_groups_run_in_generate_and_refuse_a_group_that_does_not_divide_head_
     for bad in (1, -2, True, 2.5):
         with pytest.raises(SchemeError, match="group_size"):
             KVArgs(bits=4, group_size=bad)
+
+
+_KV_IN_OTHER_ENV = """
+import sys, torch
+from transformers import AutoModelForCausalLM
+from lowbit.nn import PackedKVCache
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()
+ids = torch.load(sys.argv[2])
+with torch.no_grad():
+    cache = PackedKVCache(model.config, bits=4)
+    out = model(ids, past_key_values=cache).logits[:, -1:]
+    step = model(out.argmax(-1), past_key_values=cache).logits
+assert cache.get_seq_length() == ids.shape[1] + 1
+torch.save(torch.cat([out, step], 1), sys.argv[3])
+"""
+
+
+def test_packed_cache_runs_under_vllms_older_transformers(tmp_path):
+    """vLLM's CPU build pins transformers 5.19, which lacks the quantized-layer base class of 5.2x:
+    the CLI starts there and the packed cache gives this environment's logits."""
+    import subprocess
+
+    import pytest
+
+    from lowbit.bench.vllm_engine import VLLMUnavailable, find_python
+
+    try:
+        python = find_python()
+    except VLLMUnavailable as e:
+        pytest.skip(str(e))
+    cli = subprocess.run([python, "-m", "lowbit", "--help"], capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    model = tiny_model("llama")
+    model.save_pretrained(tmp_path / "m")
+    ids = torch.randint(0, 128, (2, 9))
+    torch.save(ids, tmp_path / "ids.pt")
+    run = subprocess.run([python, "-c", _KV_IN_OTHER_ENV, str(tmp_path / "m"), str(tmp_path / "ids.pt"), str(tmp_path / "out.pt")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    with torch.no_grad():
+        cache = PackedKVCache(model.config, bits=4)
+        out = model(ids, cache=cache).logits[:, -1:]
+        step = model(out.argmax(-1), cache=cache).logits
+    torch.testing.assert_close(torch.load(tmp_path / "out.pt"), torch.cat([out, step], 1), rtol=1e-4, atol=1e-5)
