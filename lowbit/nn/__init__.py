@@ -1,7 +1,7 @@
 """Quantized modules: packed linears, a packed KV cache, permuted norms, unfused experts.
 
-The KV cache names load on first use: they need transformers 5.20+ (``BaseQuantizedLayer``),
-while vLLM's environment, where the vLLM plugin reads QuantLinear layouts, pins an older one."""
+The KV cache names load on first use: they import transformers' cache classes, which vLLM's
+processes (where the plugin reads QuantLinear layouts) have no use for."""
 
 from lowbit.nn.quantized_activation import QuantizedActivation, quantize_activation
 from .experts import UnfusedExperts
