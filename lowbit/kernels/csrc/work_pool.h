@@ -27,7 +27,10 @@
  * after the items ran out and later than four items take on average (a descheduled thread, not a
  * long item; one such region alone happens on a quiet machine too, about one call in 30 measured
  * on the AMX Xeon VM): 0.1 s, doubled up to 3.2 s while the team keeps coming late, so that a busy
- * machine's late calls cost little, and back to 0.1 s after a region on time.
+ * machine's late calls cost little, and back to 0.1 s after a region on time. One level down, the
+ * same rule for the pool: two pool calls in a row whose worker was preempted while holding a claimed
+ * item (the caller waited out the other process's time slice for it) run the next calls on the
+ * caller alone, for the same backoff: twice a quiet call's time on two cores, not a time slice.
  */
 #ifndef LOWBIT_WORK_POOL_H
 #define LOWBIT_WORK_POOL_H
@@ -148,7 +151,14 @@ static _Atomic int64_t pool_backoff_ns = POOL_BACKOFF_NS;
 #define POOL_LATE_RUN 2 /* late regions in a row before the pool */
 #endif
 static _Atomic int pool_late_run; /* auto: late regions in a row */
-static _Atomic int64_t pool_counts[3];      /* auto: calls on the team, on the pool, late team calls */
+/* auto, one level down: when the pool's own worker comes late too (preempted while it holds a claimed
+ * item, so the caller waits out the other process's time slice), calls run on the caller alone for a
+ * while: at worst twice a quiet call's time on two cores, never a time slice */
+static _Atomic int64_t pool_solo_resume_ns;
+static _Atomic int64_t pool_solo_backoff_ns = POOL_BACKOFF_NS;
+static _Atomic int pool_pool_late_run;
+/* auto: calls on the team, on the pool, team calls found late, pool calls found late, calls run alone */
+static _Atomic int64_t pool_counts[5];
 
 static int64_t pool_now_ns(void) {
     struct timespec ts;
@@ -190,9 +200,10 @@ int pool_threads_mode(void) {
     return pool_mode(&f);
 }
 
-/* auto's record in this library: calls on the team, calls on the pool, team calls found late. */
-void pool_auto_counts(int64_t out[3]) {
-    for (int i = 0; i < 3; i++) out[i] = atomic_load_explicit(&pool_counts[i], memory_order_relaxed);
+/* auto's record in this library: calls on the team, calls on the pool, team calls found late, pool
+ * calls found late, calls run on the caller alone. */
+void pool_auto_counts(int64_t out[5]) {
+    for (int i = 0; i < 5; i++) out[i] = atomic_load_explicit(&pool_counts[i], memory_order_relaxed);
 }
 
 struct pool_omp_job {
@@ -214,6 +225,23 @@ static void pool_omp_body(void *arg) { /* every thread of the team claims items 
     }
 }
 
+/* auto: after a call whose last thread came `late` ns after the items ran out, with items of `item`
+ * ns on average: two such calls in a row send the next calls down a level (team -> pool, pool ->
+ * the caller alone) until *resume, for a backoff that doubles while they keep coming late. */
+static void pool_note_lateness(int64_t end, int64_t drained, int64_t late, int64_t item, _Atomic int *run,
+                               _Atomic int64_t *resume, _Atomic int64_t *backoff_ns, int late_count) {
+    int64_t backoff = atomic_load_explicit(backoff_ns, memory_order_relaxed);
+    if (drained && late >= POOL_LATE_NS && late > 4 * item) {
+        atomic_fetch_add_explicit(&pool_counts[late_count], 1, memory_order_relaxed);
+        if (atomic_fetch_add_explicit(run, 1, memory_order_relaxed) + 1 < POOL_LATE_RUN) return;
+        atomic_store_explicit(resume, end + backoff, memory_order_relaxed);
+        if (backoff < POOL_BACKOFF_MAX) atomic_store_explicit(backoff_ns, 2 * backoff, memory_order_relaxed);
+    } else {
+        atomic_store_explicit(run, 0, memory_order_relaxed);
+        if (backoff != POOL_BACKOFF_NS) atomic_store_explicit(backoff_ns, POOL_BACKOFF_NS, memory_order_relaxed);
+    }
+}
+
 /* The items on the team; auto: a region whose last thread came late sends the next calls to the pool. */
 static void pool_team_run(pool_gomp_parallel_fn omp, int mode, pool_item_fn fn, const void *ctx, int64_t items,
                           int threads) {
@@ -223,17 +251,8 @@ static void pool_team_run(pool_gomp_parallel_fn omp, int mode, pool_item_fn fn, 
     if (mode != 3) return;
     atomic_fetch_add_explicit(&pool_counts[0], 1, memory_order_relaxed);
     const int64_t end = pool_now_ns(), drained = atomic_load_explicit(&job.drained_ns, memory_order_relaxed);
-    const int64_t late = end - drained, item = (drained - start) * team / items;
-    int64_t backoff = atomic_load_explicit(&pool_backoff_ns, memory_order_relaxed);
-    if (drained && late >= POOL_LATE_NS && late > 4 * item) {
-        atomic_fetch_add_explicit(&pool_counts[2], 1, memory_order_relaxed);
-        if (atomic_fetch_add_explicit(&pool_late_run, 1, memory_order_relaxed) + 1 < POOL_LATE_RUN) return;
-        atomic_store_explicit(&pool_team_resume_ns, end + backoff, memory_order_relaxed);
-        if (backoff < POOL_BACKOFF_MAX) atomic_store_explicit(&pool_backoff_ns, 2 * backoff, memory_order_relaxed);
-    } else {
-        atomic_store_explicit(&pool_late_run, 0, memory_order_relaxed);
-        if (backoff != POOL_BACKOFF_NS) atomic_store_explicit(&pool_backoff_ns, POOL_BACKOFF_NS, memory_order_relaxed);
-    }
+    pool_note_lateness(end, drained, end - drained, (drained - start) * team / items, &pool_late_run,
+                       &pool_team_resume_ns, &pool_backoff_ns, 2);
 }
 
 /* fn(ctx, i) for every i in [0, items), on up to `threads` threads (the caller among them). */
@@ -241,12 +260,17 @@ static void pool_run(pool_item_fn fn, const void *ctx, int64_t items, int thread
     if (threads > POOL_MAX_WORKERS + 1) threads = POOL_MAX_WORKERS + 1;
     pool_gomp_parallel_fn omp = NULL;
     const int mode = threads > 1 && items > 1 ? pool_mode(&omp) : 1;
+    int solo = 0;
     if (mode == 3) { /* the clock is read only once the team has come late at all */
         const int64_t resume = atomic_load_explicit(&pool_team_resume_ns, memory_order_relaxed);
-        if (resume && pool_now_ns() < resume) omp = NULL;
+        const int64_t solo_until = atomic_load_explicit(&pool_solo_resume_ns, memory_order_relaxed);
+        const int64_t now = resume || solo_until ? pool_now_ns() : 0;
+        if (resume && now < resume) omp = NULL;
+        solo = !omp && solo_until && now < solo_until;
+        if (solo) atomic_fetch_add_explicit(&pool_counts[4], 1, memory_order_relaxed);
     }
     /* one call at a time on the pool or the team: a second caller (another Python thread) runs alone */
-    if (threads <= 1 || items <= 1 || (!omp && items > POOL_MAX_ITEMS) || pthread_mutex_trylock(&pool_.call) != 0) {
+    if (solo || threads <= 1 || items <= 1 || (!omp && items > POOL_MAX_ITEMS) || pthread_mutex_trylock(&pool_.call) != 0) {
         for (int64_t i = 0; i < items; i++) fn(ctx, i);
         return;
     }
@@ -255,6 +279,7 @@ static void pool_run(pool_item_fn fn, const void *ctx, int64_t items, int thread
         pthread_mutex_unlock(&pool_.call);
         return;
     }
+    const int64_t start = mode == 3 ? pool_now_ns() : 0;
     if (mode == 3) atomic_fetch_add_explicit(&pool_counts[1], 1, memory_order_relaxed);
     pool_start_workers(threads - 1);
     pool_.fn = fn, pool_.ctx = ctx;
@@ -268,10 +293,16 @@ static void pool_run(pool_item_fn fn, const void *ctx, int64_t items, int thread
     pthread_cond_broadcast(&pool_.wake);
     pthread_mutex_unlock(&pool_.mu);
     pool_drain(gen);
+    const int64_t drained = mode == 3 ? pool_now_ns() : 0;
     for (int spins = 0; atomic_load_explicit(&pool_.done, memory_order_acquire) < items;)
         if (++spins < 64) POOL_RELAX();
         else sched_yield(); /* a claimed item's thread was preempted: let it run */
     pthread_mutex_unlock(&pool_.call);
+    if (mode == 3) {
+        const int64_t end = pool_now_ns();
+        pool_note_lateness(end, drained, end - drained, (drained - start) * threads / items, &pool_pool_late_run,
+                           &pool_solo_resume_ns, &pool_solo_backoff_ns, 3);
+    }
 }
 
 /* A check of the threading itself (tests/kernels/cpu/test_work_pool.py): `items` items on `threads`

@@ -137,9 +137,9 @@ lib.pool_auto_counts.argtypes = [ctypes.c_void_p]
 
 
 def counts():
-    c = (ctypes.c_int64 * 3)()
+    c = (ctypes.c_int64 * 5)()
     lib.pool_auto_counts(c)
-    return list(c)  # calls on the team, calls on the pool, team calls found late
+    return list(c)  # calls on the team, on the pool, team calls found late, pool calls found late, calls alone
 
 
 torch.manual_seed(5)
@@ -171,6 +171,20 @@ for _ in range(20):
     if after[1] > late[1] and after[0] == late[0]:
         ok = torch.equal(y0, y1)
         break
+if ok and "--solo" in sys.argv:
+    # now on the pool: two pool calls in a row whose worker holds its item 5 ms after the caller ran
+    # out (a worker preempted mid-item) send the next calls to the caller alone, with the same bits
+    ok = False
+    for _ in range(100):
+        lib.pool_probe(2, 2, 200, 5000)
+        lib.pool_probe(2, 2, 200, 5000)
+        b = counts()
+        y2 = pl.batched(x)
+        a = counts()
+        print("alone?", b, a)
+        if a[4] > b[4]:
+            ok = torch.equal(y0, y2)
+            break
 sys.exit(0 if ok else 1)
 """
 
@@ -188,4 +202,17 @@ def test_auto_leaves_a_team_that_came_late_for_the_pool():
     assert r.returncode == 0, r.stdout + r.stderr
     env["LOWBIT_THREADS"] = "omp"
     r = subprocess.run([sys.executable, "-c", _LATE_TEAM], env=env, timeout=240, capture_output=True, text=True)
-    assert r.returncode == 1 and "[0, 0, 0] [0, 0, 0] [0, 0, 0]" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 1 and "[0, 0, 0, 0, 0] [0, 0, 0, 0, 0] [0, 0, 0, 0, 0]" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_auto_runs_calls_alone_after_the_pool_came_late():
+    """LOWBIT_THREADS=auto, one level down: on the pool, two calls in a row whose worker held its
+    item long after the caller ran out (a worker preempted mid-item, as when another process takes
+    its core) run the next calls on the caller alone, with the same bits."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "LOWBIT_THREADS"} | {"LOWBIT_THREADS": "auto"}
+    r = subprocess.run([sys.executable, "-c", _LATE_TEAM, "--solo"], env=env, timeout=240, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
