@@ -1,6 +1,7 @@
 """``use_native_ops(model)``: a Hugging Face model's RMSNorms, rotary embedding and one-token
 (decode) attention run as single native calls (:mod:`.decode_ops`) instead of chains of small
-PyTorch operators.
+PyTorch operators; over lowbit's packed KV cache a decode step attends straight from the codes
+(``PackedKVLayer.attend_one``) instead of dequantizing the whole cache every step.
 
 Why: at batch 1 a decode step of the default model spends more time in these small operators
 (and in CPU bf16 attention, which is emulated without bf16 arithmetic) than in its 4-bit linears.
@@ -83,6 +84,12 @@ class NativeLlamaAttention(LlamaAttention):
         q_rot, k_rot = rope(q, cos, sin), rope(k, cos, sin)
         if q_rot is None or k_rot is None:
             q_rot, k_rot = apply_rotary_pos_emb(q, k, cos, sin)
+        if cache is not None and attention_mask is None and q_rot.shape[2] == 1 and not self.training and not any(
+                kwargs.get(k) is not None for k in _EXTRAS):
+            layer = _packed_layer(cache, self.layer_idx)
+            out = layer.attend_one(q_rot, k_rot, v, self.scaling) if layer is not None else None
+            if out is not None:  # a decode step over a packed KV cache, from its codes
+                return self.o_proj(out.reshape(*input_shape, -1).contiguous()), None
         if cache is not None:
             k_rot, v = cache.update(k_rot, v, self.layer_idx, kwargs=kwargs)
         interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
@@ -90,6 +97,15 @@ class NativeLlamaAttention(LlamaAttention):
                                  dropout=0.0 if not self.training else self.attention_dropout,
                                  scaling=self.scaling, **kwargs)
         return self.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
+
+
+def _packed_layer(cache, idx: int):
+    """The cache's layer ``idx`` where it is lowbit's packed KV layer (else None)."""
+    from lowbit.nn.kv_cache import PackedKVLayer
+
+    layers = getattr(cache, "layers", None)
+    layer = layers[idx] if layers is not None and idx < len(layers) else None
+    return layer if isinstance(layer, PackedKVLayer) else None
 
 
 def _register() -> None:

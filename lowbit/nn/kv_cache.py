@@ -48,6 +48,7 @@ class PackedKV:
         self.codes: torch.Tensor | None = None
         self.scale: torch.Tensor | None = None
         self.zero: torch.Tensor | None = None
+        self._bufs: list | None = None  # codes, scale, zero with room to append (see _append_rows)
         self.head_dim = 0
 
     def append(self, x: torch.Tensor) -> None:
@@ -61,6 +62,14 @@ class PackedKV:
                 self.rotation = head_rotation(d).to(x.device)
             x = x.float() @ self.rotation
         x = x.reshape(b, h, t * (d // g), g)  # a group is a row: PerToken quantizes each one
+        if not self.symmetric:
+            from lowbit.kernels.cpu.decode_ops import kv_quant_rows
+
+            fast = kv_quant_rows(x.reshape(-1, g).float(), self.bits) if x.is_cpu else None
+            if fast is not None:  # the same bits in one native call (a decode step appends 2 per layer)
+                codes, scale, zero = fast
+                self._append_rows(codes.reshape(b, h, t * (d // g), -1), scale.reshape(b, h, -1), zero.reshape(b, h, -1))
+                return
         qp = choose_qparams(x, self.bits, symmetric=self.symmetric, granularity=PerToken(), scale_dtype=torch.float16)
         q = quantize(x, qp)
         if self.symmetric:
@@ -68,13 +77,31 @@ class PackedKV:
         codes = pack(q, self.bits)
         scale = qp.scale.reshape(b, h, -1)
         zero = qp.zero_point.to(torch.uint8).reshape(b, h, -1) if qp.zero_point is not None else None
-        if self.codes is None:
-            self.codes, self.scale, self.zero = codes, scale, zero
-        else:
-            self.codes = torch.cat([self.codes, codes], dim=2)
-            self.scale = torch.cat([self.scale, scale], dim=2)
-            if zero is not None:
-                self.zero = torch.cat([self.zero, zero], dim=2)
+        self._append_rows(codes, scale, zero)
+
+    def _append_rows(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None) -> None:
+        """Write the new rows after the stored ones, into buffers grown by a quarter (at least 256
+        rows) when full: one decode step copies its own rows, not the whole cache."""
+        new = codes.shape[2]
+        n = 0 if self.codes is None else self.codes.shape[2]
+        bufs = getattr(self, "_bufs", None)
+        if bufs is None or bufs[0].shape[2] < n + new or bufs[0].shape[:2] != codes.shape[:2]:
+            cap = n + new + max(256, (n + new) // 4)
+            grown = []
+            for old, part in ((self.codes, codes), (self.scale, scale), (self.zero, zero)):
+                if part is None:
+                    grown.append(None)
+                    continue
+                buf = part.new_empty((*part.shape[:2], cap, *part.shape[3:]))
+                if old is not None:
+                    buf[:, :, :n] = old
+                grown.append(buf)
+            bufs = self._bufs = grown
+        for buf, part in zip(bufs, (codes, scale, zero)):
+            if part is not None:
+                buf[:, :, n:n + new] = part
+        self.codes, self.scale = bufs[0][:, :, :n + new], bufs[1][:, :, :n + new]
+        self.zero = bufs[2][:, :, :n + new] if bufs[2] is not None else None
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         d = self.head_dim
@@ -89,6 +116,7 @@ class PackedKV:
         return dequantize(q, qp, dtype).reshape(b, h, -1, d)
 
     def index_select(self, idx: torch.Tensor) -> None:
+        self._bufs = None  # the selected rows are new tensors; the next append grows them again
         self.codes = self.codes.index_select(0, idx)
         self.scale = self.scale.index_select(0, idx)
         if self.zero is not None:
@@ -134,6 +162,29 @@ class PackedKVLayer(DynamicLayer):
         self._quantized_values.append(value_states)
         return (self._quantized_keys.dequantize(key_states.dtype),
                 self._quantized_values.dequantize(value_states.dtype))
+
+    def attend_one(self, query: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor,
+                   scaling: float) -> torch.Tensor | None:
+        """A decode step's attention straight from the packed codes: stores the new token's keys and
+        values, then attends ``query [B, Hq, 1, D]`` over every stored position with no mask, never
+        dequantizing the cache (with ``hadamard`` the query is rotated in and the result out, as
+        ``q·(k̂)ᵀ = (qR)·deq(kR)ᵀ``). Returns ``[B, 1, Hq, D]`` in the query's dtype, or None (nothing
+        stored) where the native kernel does not take this layout: then ``update`` is the way."""
+        from lowbit.kernels.cpu.decode_ops import attention_decode_packed, packed_decode_applies
+
+        d = query.shape[-1]
+        if not self.is_initialized or not packed_decode_applies(query, self.bits, self.group or d, d):
+            return None
+        self.cumulative_length += key_states.shape[-2]
+        keys, values = self._quantized_keys, self._quantized_values
+        keys.append(key_states)
+        values.append(value_states)
+        q = query.float() @ keys.rotation if self.hadamard else query
+        out = attention_decode_packed(q, keys.codes, keys.scale, keys.zero, values.codes, values.scale, values.zero,
+                                      self.bits, self.group or d, scaling)
+        if self.hadamard:
+            out = out @ values.rotation.T
+        return out.to(query.dtype).unsqueeze(1)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         if self.is_initialized:

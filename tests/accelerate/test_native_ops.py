@@ -164,3 +164,32 @@ def test_a_permuted_native_norm_writes_the_reorder_itself(counted):
         calls_before = counted["norm"]
         assert torch.equal(PermutedNorm(norm, perm)(x), want)
         assert counted["norm"] == calls_before + 1
+
+
+@pytest.mark.parametrize("hadamard", [False, True])
+def test_decode_over_a_packed_cache_reads_the_codes(hadamard, monkeypatch):
+    """With lowbit's packed KV cache, every decode step attends straight from the codes (the
+    cache's update, which dequantizes the whole cache, runs only for the prefill), and generate
+    gives the stock model's logits over the same packed cache within float32 rounding."""
+    from lowbit.nn.kv_cache import PackedKVCache, PackedKVLayer
+
+    stock = tiny_llama(vocab_size=512, layers=2)
+    native = copy.deepcopy(stock)
+    native_ops.use_native_ops(native)
+    ids = _ids()
+
+    def run(model):
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, min_new_tokens=6,
+                                 do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True,
+                                 cache=PackedKVCache(model.config, bits=4, hadamard=hadamard))
+        return out.sequences, torch.stack(out.logits)
+
+    seq_a, scores_a = run(stock)
+    updates = Counter()
+    update = PackedKVLayer.update
+    monkeypatch.setattr(PackedKVLayer, "update", lambda self, *a, **k: (updates.update(["update"]), update(self, *a, **k))[1])
+    seq_b, scores_b = run(native)
+    assert updates["update"] == 2  # the prefill of each layer; the 5 decode steps of 2 layers read the codes
+    assert torch.equal(seq_a, seq_b)
+    assert (scores_a - scores_b).abs().max() <= 1e-4 * scores_a.abs().max()

@@ -27,6 +27,11 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.attn_decode.restype = ci
     lib.rope.argtypes = [vp, i64, i64, i64, vp, vp, i64, ci, i64, i64, i64, i64, vp]
     lib.rope.restype = None
+    side = [vp, vp, vp, i64, i64, i64, i64, i64, i64]
+    lib.attn_decode_packed.argtypes = [vp] + side + side + [ci, i64, i64, i64, i64, i64, i64, cf, vp, ci]
+    lib.attn_decode_packed.restype = ci
+    lib.kv_quant_rows.argtypes = [vp, i64, i64, ci, vp, vp, vp]
+    lib.kv_quant_rows.restype = ci
 
 
 _LIB = KernelLibrary("decode ops", "decode_ops.c", _bind)
@@ -141,3 +146,67 @@ def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
                        vs[2], dt is _BF16, B, Hq, Hkv, L, D, scale, out.data_ptr(), torch.get_num_threads()):
         raise MemoryError("attention_decode: out of memory for its score buffer")
     return out
+
+
+def _packed_side(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None) -> list:
+    """A packed cache side's pointers and (batch, head) strides, as attn_decode_packed takes them."""
+    z = zero if zero is not None else None
+    return [codes.data_ptr(), scale.data_ptr(), 0 if z is None else z.data_ptr(), codes.stride(0), codes.stride(1),
+            scale.stride(0), scale.stride(1), 0 if z is None else z.stride(0), 0 if z is None else z.stride(1)]
+
+
+def packed_decode_applies(q: torch.Tensor, bits: int, group: int, head_dim: int) -> bool:
+    """Whether :func:`attention_decode_packed` takes this query and cache layout (else the caller
+    dequantizes the cache and runs an ordinary attention)."""
+    return (_LIB.get() is not None and q.is_cpu and q.dim() == 4 and q.shape[2] == 1 and not _needs_grad(q)
+            and q.dtype in (_F32, _BF16, torch.float16) and bits in (4, 8) and 0 < head_dim <= MAX_HEAD_DIM
+            and q.shape[3] == head_dim and head_dim % group == 0 and (bits == 8 or group % 2 == 0))
+
+
+def attention_decode_packed(q: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor, k_zero: torch.Tensor | None,
+                            v_codes: torch.Tensor, v_scale: torch.Tensor, v_zero: torch.Tensor | None, bits: int,
+                            group: int, scale: float) -> torch.Tensor:
+    """One query token per sequence over a packed KV cache (``lowbit.nn.kv_cache.PackedKV``'s codes
+    ``[B, Hkv, L·D/g, g·bits/8]`` uint8, fp16 scales and uint8 zero points ``[B, Hkv, L·D/g]``, zero
+    points None for a symmetric cache), no mask, straight from the codes: ``q [B, Hq, 1, D]`` in the
+    cache's domain → float32 ``[B, Hq, D]`` (the caller rotates q in and the result out where the
+    cache is rotated). float32 math; the same attention as over the dequantized cache up to float32
+    rounding (the dequantized path rounds keys and values to the model's dtype first)."""
+    lib = _LIB.get()
+    B, Hq, _, D = q.shape
+    Hkv, rows = k_codes.shape[1], k_codes.shape[2]
+    L = rows * group // D
+    for t in (k_codes, k_scale, v_codes, v_scale) + tuple(z for z in (k_zero, v_zero) if z is not None):
+        if t.stride(-1) != 1 or (t.dim() == 4 and t.stride(2) != t.shape[3]):
+            raise ValueError("attention_decode_packed: the cache's rows must be contiguous")
+    if (k_scale.dtype != torch.float16 or v_scale.dtype != torch.float16 or k_codes.dtype != torch.uint8
+            or v_codes.shape != k_codes.shape or k_scale.shape != (B, Hkv, rows) or v_scale.shape != k_scale.shape):
+        raise ValueError("attention_decode_packed: codes, scales and zero points do not form one packed cache")
+    qf = q.reshape(B, Hq, D).float().contiguous()
+    out = torch.empty((B, Hq, D), dtype=torch.float32)
+    rc = lib.attn_decode_packed(qf.data_ptr(), *_packed_side(k_codes, k_scale, k_zero), *_packed_side(v_codes, v_scale, v_zero),
+                                bits, group, B, Hq, Hkv, L, D, scale, out.data_ptr(), torch.get_num_threads())
+    if rc == 1:
+        raise MemoryError("attention_decode_packed: out of memory for its score buffer")
+    if rc:
+        raise ValueError(f"attention_decode_packed: {bits}-bit codes in groups of {group} over head_dim {D} are not supported")
+    return out
+
+
+def kv_quant_rows(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """A packed KV cache's asymmetric rows in one native call: float32 ``x [N, g]`` → packed codes
+    ``[N, g·bits/8]`` uint8, fp16 scales and uint8 zero points ``[N]``, the bits of
+    ``lowbit.formats``' choose_qparams / quantize / pack (tested equal). None where it does not
+    apply (no library, bits other than 4 and 8, NaN/Inf in x, a scale beyond fp16): the caller
+    then takes that generic path, which raises for bad input."""
+    lib = _LIB.get()
+    if lib is None or x.dtype is not _F32 or x.dim() != 2 or not x.is_cpu or bits not in (4, 8) or x.shape[1] * bits % 8:
+        return None
+    x = x.contiguous()
+    n, g = x.shape
+    codes = torch.empty((n, g * bits // 8), dtype=torch.uint8)
+    scale = torch.empty(n, dtype=torch.float16)
+    zero = torch.empty(n, dtype=torch.uint8)
+    if lib.kv_quant_rows(x.data_ptr(), n, g, bits, codes.data_ptr(), scale.data_ptr(), zero.data_ptr()):
+        return None
+    return codes, scale, zero

@@ -298,3 +298,242 @@ int attn_decode(const void *q, int64_t qb, int64_t qh, const void *k, int64_t kb
     pool_run(attn_item, &a, items, items * L * D >= 65536 ? threads : 1);
     return atomic_load(&a.failed);
 }
+
+/* IEEE half -> float (the packed KV cache's scales), exact. */
+static inline float half_to_f32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    uint32_t u;
+    if (e == 0) {
+        const float f = ldexpf((float)m, -24); /* zero or subnormal */
+        return sign ? -f : f;
+    }
+    u = e == 31 ? sign | 0x7f800000u | (m << 13) : sign | ((e + 112) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* One side of a packed cache (lowbit.nn.kv_cache.PackedKV) for one (batch, kv head): rows of g
+ * codes of `bits` (4: two a byte, low nibble first; 8: one a byte), each row with an fp16 scale and
+ * a uint8 zero point; value = (u - z) * s. Symmetric caches store codes + 2^(bits-1) and no zero
+ * points (zero NULL: z = 2^(bits-1)). A token's D values are D / g consecutive rows. */
+struct packed_side {
+    const uint8_t *codes;
+    const uint16_t *scale;
+    const uint8_t *zero;
+    int64_t cb, ch, sb, sh, zb, zh; /* strides of batch and head: bytes of codes, elements of scale / zero */
+};
+
+static inline int packed_code(const uint8_t *row, int bits, int64_t j) {
+    return bits == 8 ? row[j] : (row[j >> 1] >> ((j & 1) * 4)) & 15;
+}
+
+struct attn_packed_args {
+    const float *q;
+    struct packed_side k, v;
+    int bits;
+    int64_t g, Hq, Hkv, L, D, groups;
+    float scale;
+    float *out;
+    _Atomic int failed;
+};
+
+#if DECODE_SIMD
+/* 8 codes of a row as floats: 4-bit rows give the low nibbles of 8 bytes (even values) in *e and
+ * the high ones (odd values) in *o; 8-bit rows 8 values in *e. */
+static inline void codes8(const uint8_t *p, int bits, __m256 *e, __m256 *o) {
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    if (bits == 8) {
+        *e = _mm256_cvtepi32_ps(b);
+        return;
+    }
+    *e = _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15)));
+    *o = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+}
+#endif
+
+/* Σ_j q[j] · code j of a row of g codes. simd: 8 codes a step, q in the row's split order (a 4-bit
+ * row's even values, then its odd ones; see attn_packed_item). */
+static inline float row_dot(const uint8_t *row, int bits, int64_t g, const float *q, int simd) {
+#if DECODE_SIMD
+    if (simd) {
+        const int64_t rb = g * bits / 8;
+        __m256 d0 = _mm256_setzero_ps(), d1 = d0, e, o;
+        for (int64_t i = 0; i < rb; i += 8) {
+            codes8(row + i, bits, &e, &o);
+            d0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), e, d0);
+            if (bits == 4) d1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + g / 2 + i), o, d1);
+        }
+        return hsum8(_mm256_add_ps(d0, d1));
+    }
+#endif
+    (void)simd;
+    float dot = 0.f;
+    for (int64_t j = 0; j < g; j++) dot += q[j] * (float)packed_code(row, bits, j);
+    return dot;
+}
+
+/* acc[j] += w · (code j - z) over a row, acc in the same order as row_dot's q. */
+static inline void row_acc(const uint8_t *row, int bits, int64_t g, float w, float z, float *acc, int simd) {
+#if DECODE_SIMD
+    if (simd) {
+        const int64_t rb = g * bits / 8;
+        const __m256 wv = _mm256_set1_ps(w), zv = _mm256_set1_ps(z);
+        __m256 e, o;
+        for (int64_t i = 0; i < rb; i += 8) {
+            codes8(row + i, bits, &e, &o);
+            _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(wv, _mm256_sub_ps(e, zv), _mm256_loadu_ps(acc + i)));
+            if (bits == 4)
+                _mm256_storeu_ps(acc + g / 2 + i,
+                                 _mm256_fmadd_ps(wv, _mm256_sub_ps(o, zv), _mm256_loadu_ps(acc + g / 2 + i)));
+        }
+        return;
+    }
+#endif
+    (void)simd;
+    for (int64_t j = 0; j < g; j++) acc[j] += w * ((float)packed_code(row, bits, j) - z);
+}
+
+/* Query heads h * groups .. of batch b over kv head h: scores from the codes (per row the scale
+ * times (q . u - z * sum q) over the row's dims), softmax as attend_group, then the values' rows
+ * weighted into float32 sums. Nothing is dequantized. With SIMD (4-bit rows of a multiple of 16
+ * values, 8-bit of 8) a 4-bit row is read as its even values then its odd ones, so q and the sums
+ * are kept in that order and put back at the end. */
+static void attn_packed_item(const void *ctx, int64_t it) {
+    const struct attn_packed_args *a = ctx;
+    const int64_t b = it / a->Hkv, h = it % a->Hkv, L = a->L, D = a->D, g = a->g, per = D / g;
+    const int64_t rb = g * a->bits / 8; /* bytes of a row */
+    float *scores = malloc((size_t)L * sizeof(float));
+    if (!scores) {
+        atomic_store((_Atomic int *)&a->failed, 1);
+        return;
+    }
+    const int simd = DECODE_SIMD && (a->bits == 4 ? g % 16 == 0 : g % 8 == 0), split = simd && a->bits == 4;
+    const int zsym = 1 << (a->bits - 1);
+    const uint8_t *kc = a->k.codes + b * a->k.cb + h * a->k.ch, *vc = a->v.codes + b * a->v.cb + h * a->v.ch;
+    const uint16_t *ks = a->k.scale + b * a->k.sb + h * a->k.sh, *vs = a->v.scale + b * a->v.sb + h * a->v.sh;
+    const uint8_t *kz = a->k.zero ? a->k.zero + b * a->k.zb + h * a->k.zh : NULL;
+    const uint8_t *vz = a->v.zero ? a->v.zero + b * a->v.zb + h * a->v.zh : NULL;
+    for (int64_t gi = 0; gi < a->groups; gi++) {
+        const int64_t qh = h * a->groups + gi;
+        const float *q = a->q + (b * a->Hq + qh) * D;
+        float qs[256], qsum[256], acc[256]; /* q (and the sums) in the rows' value order */
+        for (int64_t c = 0; c < per; c++) {
+            float t = 0.f;
+            for (int64_t j = 0; j < g; j++) t += q[c * g + j];
+            qsum[c] = t;
+            for (int64_t j = 0; j < g; j++) qs[c * g + (split ? (j & 1) * (g / 2) + j / 2 : j)] = q[c * g + j];
+        }
+        float m = -INFINITY;
+        for (int64_t l = 0; l < L; l++) {
+            float sc = 0.f;
+            for (int64_t c = 0; c < per; c++) {
+                const int64_t r = l * per + c;
+                const float z = kz ? (float)kz[r] : (float)zsym;
+                sc += half_to_f32(ks[r]) * (row_dot(kc + r * rb, a->bits, g, qs + c * g, simd) - z * qsum[c]);
+            }
+            scores[l] = sc * a->scale;
+            if (scores[l] > m || scores[l] != scores[l]) m = scores[l];
+        }
+        float *o = a->out + (b * a->Hq + qh) * D;
+        if (!isfinite(m)) {
+            for (int64_t d = 0; d < D; d++) o[d] = NAN;
+            continue;
+        }
+        float sum = 0.f;
+        for (int64_t l = 0; l < L; l++) sum += (scores[l] = expf(scores[l] - m));
+        for (int64_t d = 0; d < D; d++) acc[d] = 0.f;
+        for (int64_t l = 0; l < L; l++)
+            for (int64_t c = 0; c < per; c++) {
+                const int64_t r = l * per + c;
+                row_acc(vc + r * rb, a->bits, g, scores[l] * half_to_f32(vs[r]), vz ? (float)vz[r] : (float)zsym,
+                        acc + c * g, simd);
+            }
+        const float inv = 1.0f / sum;
+        for (int64_t c = 0; c < per; c++)
+            for (int64_t j = 0; j < g; j++) o[c * g + j] = acc[c * g + (split ? (j & 1) * (g / 2) + j / 2 : j)] * inv;
+    }
+    free(scores);
+}
+
+/* Attention of one new query per (batch, query head) over a packed KV cache of L positions, no
+ * mask, grouped-query heads (query head h reads kv head h / (Hq / Hkv)): q float32 [B, Hq, D]
+ * contiguous (in the cache's own domain: rotated by the caller where the cache is), out float32
+ * [B, Hq, D] the same. Returns 1 when out of memory (the caller raises), 2 on arguments it does
+ * not take (bits other than 4 and 8, a head dim over 256, g not dividing D or odd at 4 bits). */
+int attn_decode_packed(const float *q, const uint8_t *kc, const uint16_t *ks, const uint8_t *kz, int64_t kcb,
+                       int64_t kch, int64_t ksb, int64_t ksh, int64_t kzb, int64_t kzh, const uint8_t *vc,
+                       const uint16_t *vs, const uint8_t *vz, int64_t vcb, int64_t vch, int64_t vsb, int64_t vsh,
+                       int64_t vzb, int64_t vzh, int bits, int64_t g, int64_t B, int64_t Hq, int64_t Hkv, int64_t L,
+                       int64_t D, float scale, float *out, int threads) {
+    if ((bits != 4 && bits != 8) || D > 256 || D <= 0 || g <= 0 || D % g || (bits == 4 && g % 2) || Hkv <= 0 ||
+        Hq % Hkv)
+        return 2;
+    struct attn_packed_args a = {q, {kc, ks, kz, kcb, kch, ksb, ksh, kzb, kzh}, {vc, vs, vz, vcb, vch, vsb, vsh, vzb, vzh},
+                                 bits, g, Hq, Hkv, L, D, Hq / Hkv, scale, out, 0};
+    const int64_t items = B * Hkv;
+    pool_run(attn_packed_item, &a, items, items * L * D >= 65536 ? threads : 1);
+    return atomic_load(&a.failed);
+}
+
+/* float -> IEEE half, round to nearest even (torch's .to(float16)); |f| >= 65520 becomes inf. */
+static inline uint16_t f32_to_half(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    const uint32_t sign = (x >> 16) & 0x8000, a = x & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00); /* NaN */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00);  /* 65520 and up: inf */
+    if (a < 0x38800000u) {                                     /* below 2^-14: a subnormal half or zero */
+        float v;
+        memcpy(&v, &a, sizeof v);
+        return (uint16_t)(sign | (uint32_t)rintf(v * 16777216.0f)); /* exact scaling by 2^24, then nearest even */
+    }
+    uint32_t h = ((a >> 23) - 112) << 10 | (a & 0x7fffffu) >> 13;
+    const uint32_t rem = a & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++; /* a carry into the exponent is right too */
+    return (uint16_t)(sign | h);
+}
+
+/* A packed KV cache's new rows (lowbit.nn.kv_cache.PackedKV.append, asymmetric): each row of g
+ * float32 values gets lowbit.formats' asymmetric per-row parameters, exactly as choose_qparams and
+ * quantize compute them: lo = min(row, 0), hi = max(row, 0), scale = (hi - lo) / (2^bits - 1)
+ * stored as fp16 never smaller in magnitude (one step up where the rounding shrank it), 0 -> 1,
+ * zero point = rint(-lo / scale) in [0, 2^bits - 1], code = clamp(rint(x / scale) + zero point),
+ * rint to nearest even, IEEE divisions; codes packed as PackedKV stores them (4 bits: two a byte,
+ * low nibble first; 8: one a byte). Returns 0; 2 for bits other than 4 and 8 or an odd g at 4 bits;
+ * 3 when a row holds NaN or Inf, 4 when a scale overflows fp16 (nothing useful written: the caller
+ * takes the generic path, which says why). */
+int kv_quant_rows(const float *x, int64_t rows, int64_t g, int bits, uint8_t *codes, uint16_t *scale, uint8_t *zero) {
+    if ((bits != 4 && bits != 8) || g <= 0 || (bits == 4 && g % 2)) return 2;
+    const float qmax = (float)((1 << bits) - 1);
+    const int64_t rb = g * bits / 8;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *v = x + r * g;
+        float lo = 0.f, hi = 0.f;
+        for (int64_t j = 0; j < g; j++) {
+            if (!isfinite(v[j])) return 3;
+            lo = v[j] < lo ? v[j] : lo;
+            hi = v[j] > hi ? v[j] : hi;
+        }
+        const float s32 = (hi - lo) / qmax;
+        uint16_t h = f32_to_half(s32);
+        if (fabsf(half_to_f32(h)) < fabsf(s32)) h++; /* never shrink: the next half up (s32 >= 0) */
+        if ((h & 0x7c00) == 0x7c00) return 4;
+        if ((h & 0x7fff) == 0) h = 0x3c00; /* an all-zero row: scale 1 */
+        const float s = half_to_f32(h);
+        float zp = rintf(-lo / s);
+        zp = zp < 0.f ? 0.f : zp > qmax ? qmax : zp;
+        scale[r] = h, zero[r] = (uint8_t)zp;
+        uint8_t *out = codes + r * rb;
+        if (bits == 4) memset(out, 0, (size_t)rb);
+        for (int64_t j = 0; j < g; j++) {
+            float q = rintf(v[j] / s) + zp;
+            q = q < 0.f ? 0.f : q > qmax ? qmax : q;
+            if (bits == 8)
+                out[j] = (uint8_t)q;
+            else
+                out[j >> 1] |= (uint8_t)((uint8_t)q << ((j & 1) * 4));
+        }
+    }
+    return 0;
+}

@@ -217,3 +217,69 @@ def test_rms_norm_declines_what_it_does_not_do():
     assert ops.rms_norm(torch.randn(2, 8).half(), torch.ones(8).half(), 1e-6) is None
     assert ops.rms_norm(torch.randn(2, 8), torch.ones(9), 1e-6) is None
     assert ops.rms_norm(torch.randn(2, 8, requires_grad=True), torch.ones(8), 1e-6) is None
+
+
+@pytest.mark.parametrize("bits,symmetric,group,Hq,Hkv,D,L", [
+    (4, False, 0, 6, 2, 64, 37), (4, True, 0, 3, 3, 32, 5), (4, False, 16, 4, 1, 64, 20), (8, False, 0, 6, 3, 48, 9),
+    (8, True, 8, 2, 2, 16, 1), (4, False, 8, 2, 1, 16, 7)])  # the last: g = 8, the scalar path
+def test_packed_attention_equals_attention_over_the_dequantized_cache(bits, symmetric, group, Hq, Hkv, D, L):
+    """Decode attention read straight from a packed KV cache's codes equals float64 attention over
+    the cache's dequantized values (those are exact in float32: a small integer times an fp16
+    scale), within float32 rounding; appended in pieces, as prefill then decode steps store it."""
+    from lowbit.nn.kv_cache import PackedKV
+
+    torch.manual_seed(bits + L)
+    B = 2
+    k, v = PackedKV(bits, symmetric, group=group), PackedKV(bits, symmetric, group=group)
+    kx, vx = torch.randn(B, Hkv, L, D) * 3, torch.randn(B, Hkv, L, D)
+    for a, b in ((0, max(1, L // 2)), (max(1, L // 2), L)):
+        if a < b:
+            k.append(kx[:, :, a:b]), v.append(vx[:, :, a:b])
+    q = torch.randn(B, Hq, 1, D)
+    got = ops.attention_decode_packed(q, k.codes, k.scale, k.zero, v.codes, v.scale, v.zero, bits, group or D, D ** -0.5)
+    ref = ops.attention_decode_reference(q.double(), k.dequantize(torch.float32).double(),
+                                         v.dequantize(torch.float32).double(), D ** -0.5)
+    torch.testing.assert_close(got.double(), ref[:, 0], rtol=2e-5, atol=2e-5)
+
+
+def test_packed_attention_refuses_what_it_does_not_take():
+    from lowbit.nn.kv_cache import PackedKV
+
+    q = torch.randn(1, 2, 1, 16)
+    assert not ops.packed_decode_applies(q, 3, 16, 16)  # 3-bit codes: two planes, not this kernel's layout
+    assert not ops.packed_decode_applies(q, 4, 5, 16)  # groups that do not divide the head
+    assert not ops.packed_decode_applies(torch.randn(1, 2, 2, 16), 4, 16, 16)  # two query tokens
+    k = PackedKV(4, False)
+    k.append(torch.randn(1, 2, 3, 16))
+    with pytest.raises(ValueError, match="one packed cache"):
+        ops.attention_decode_packed(q, k.codes, k.scale.float(), k.zero, k.codes, k.scale, k.zero, 4, 16, 0.25)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_kv_quant_rows_is_the_generic_quantizer_bit_for_bit(bits):
+    """The packed KV cache's native row quantizer gives choose_qparams / quantize / pack's codes,
+    fp16 scales and zero points exactly: rows across magnitudes (fp16-subnormal scales, scales that
+    the fp16 rounding would shrink, near the fp16 limit), all-zero and one-signed rows, ties."""
+    from lowbit.formats import PerToken, choose_qparams, pack, quantize
+
+    torch.manual_seed(bits)
+    g = 32
+    mags = torch.tensor([1e-7, 3e-6, 1e-4, 0.02, 1.0, 7.3, 300.0, 9000.0, 5.0e4])
+    x = torch.randn(len(mags) * 40, g) * mags.repeat_interleave(40)[:, None]
+    x[0] = 0.0
+    x[1] = x[1].abs()
+    x[2] = -x[2].abs()
+    x[3] = torch.arange(g) * 0.5  # halves: ties under the row's scale
+    got = ops.kv_quant_rows(x, bits)
+    assert got is not None
+    qp = choose_qparams(x, bits, symmetric=False, granularity=PerToken(), scale_dtype=torch.float16)
+    codes = pack(quantize(x, qp), bits)
+    assert torch.equal(got[0], codes) and torch.equal(got[1], qp.scale) and torch.equal(got[2], qp.zero_point.to(torch.uint8))
+
+
+def test_kv_quant_rows_leaves_bad_rows_to_the_generic_path():
+    x = torch.randn(4, 16)
+    x[2, 3] = float("nan")
+    assert ops.kv_quant_rows(x, 4) is None
+    assert ops.kv_quant_rows(torch.full((1, 16), 1.0e6) * torch.linspace(-1, 1, 16), 4) is None  # scale beyond fp16
+    assert ops.kv_quant_rows(torch.randn(2, 16), 3) is None
