@@ -80,13 +80,14 @@ class PackedKV:
         self._append_rows(codes, scale, zero)
 
     def _append_rows(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None) -> None:
-        """Write the new rows after the stored ones, into buffers grown by a quarter (at least 256
-        rows) when full: one decode step copies its own rows, not the whole cache."""
+        """Write the new rows after the stored ones, into buffers grown by an eighth (at least 256
+        rows) when full: one decode step copies its own rows, not the whole cache. :meth:`nbytes`
+        counts the stored rows; the buffers hold up to that eighth (or 256 rows) more."""
         new = codes.shape[2]
         n = 0 if self.codes is None else self.codes.shape[2]
         bufs = getattr(self, "_bufs", None)
         if bufs is None or bufs[0].shape[2] < n + new or bufs[0].shape[:2] != codes.shape[:2]:
-            cap = n + new + max(256, (n + new) // 4)
+            cap = n + new + max(256, (n + new) // 8)
             grown = []
             for old, part in ((self.codes, codes), (self.scale, scale), (self.zero, zero)):
                 if part is None:
