@@ -96,14 +96,16 @@ def _a16_outputs(lib):
 
 
 def _decode_outputs(lib):
-    """RMSNorm and rotary: the same bits in every build (the attention is within its float32 bound
-    instead, checked for each variant below)."""
+    """RMSNorm, rotary and the packed KV cache's row quantizer: the same bits in every build (the
+    attentions are within their float32 bounds instead, checked for each variant below)."""
     torch.manual_seed(2)
     x, w = torch.randn(3, 64), torch.randn(64)
     xr, cos, sin = torch.randn(2, 3, 4, 16), torch.randn(2, 4, 16), torch.randn(2, 4, 16)
+    rows = torch.randn(40, 32) * torch.logspace(-6, 3, 40)[:, None]
     with torch.no_grad():
         return [decode_ops.rms_norm(x, w, 1e-5, lib=lib), decode_ops.rms_norm(x.bfloat16(), w.bfloat16(), 1e-5, lib=lib),
-                decode_ops.rope(xr, cos, sin, lib=lib), decode_ops.rope(xr.bfloat16(), cos.bfloat16(), sin.bfloat16(), lib=lib)]
+                decode_ops.rope(xr, cos, sin, lib=lib), decode_ops.rope(xr.bfloat16(), cos.bfloat16(), sin.bfloat16(), lib=lib),
+                *decode_ops.kv_quant_rows(rows, 4, lib=lib), *decode_ops.kv_quant_rows(rows, 8, lib=lib)]
 
 
 def _hadamard_outputs(lib):
@@ -196,3 +198,25 @@ def test_each_runnable_variant_attention_within_bound(variant):
             out = decode_ops.attention_decode(q, k, v, 0.125, lib=lib)
         ref, bound = _attention_bound(q, k, v, 0.125, dtype)
         assert torch.all((out.double() - ref).abs() <= bound), (variant.name, dtype)
+
+
+@X86
+@pytest.mark.parametrize("variant", [v for v in isa.VARIANTS if v.needs], ids=lambda v: v.name)
+def test_each_runnable_variant_packed_attention_within_bound(variant):
+    """Decode attention from a packed KV cache's codes (SIMD rows and scalar ones) in every build
+    this CPU runs: float64 attention over the dequantized cache within float32 rounding."""
+    from lowbit.nn.kv_cache import PackedKV
+
+    if not isa.runnable(variant):
+        pytest.skip(f"this CPU lacks {', '.join(isa.missing(variant))} for {variant.name}")
+    lib = decode_ops.library(_flags(variant))
+    torch.manual_seed(8)
+    for bits, group in ((4, 64), (8, 16), (4, 8)):
+        k, v = PackedKV(bits, False, group=group), PackedKV(bits, False, group=group)
+        k.append(torch.randn(2, 2, 33, 64) * 3), v.append(torch.randn(2, 2, 33, 64))
+        q = torch.randn(2, 6, 1, 64)
+        out = decode_ops.attention_decode_packed(q, k.codes, k.scale, k.zero, v.codes, v.scale, v.zero, bits, group, 0.125,
+                                                 lib=lib)
+        ref = decode_ops.attention_decode_reference(q.double(), k.dequantize(torch.float32).double(),
+                                                    v.dequantize(torch.float32).double(), 0.125)
+        torch.testing.assert_close(out.double(), ref[:, 0], rtol=2e-5, atol=2e-5, msg=f"{variant.name} {bits}-bit g{group}")

@@ -165,14 +165,14 @@ def packed_decode_applies(q: torch.Tensor, bits: int, group: int, head_dim: int)
 
 def attention_decode_packed(q: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor, k_zero: torch.Tensor | None,
                             v_codes: torch.Tensor, v_scale: torch.Tensor, v_zero: torch.Tensor | None, bits: int,
-                            group: int, scale: float) -> torch.Tensor:
+                            group: int, scale: float, lib=None) -> torch.Tensor:
     """One query token per sequence over a packed KV cache (``lowbit.nn.kv_cache.PackedKV``'s codes
     ``[B, Hkv, L·D/g, g·bits/8]`` uint8, fp16 scales and uint8 zero points ``[B, Hkv, L·D/g]``, zero
     points None for a symmetric cache), no mask, straight from the codes: ``q [B, Hq, 1, D]`` in the
     cache's domain → float32 ``[B, Hq, D]`` (the caller rotates q in and the result out where the
     cache is rotated). float32 math; the same attention as over the dequantized cache up to float32
     rounding (the dequantized path rounds keys and values to the model's dtype first)."""
-    lib = _LIB.get()
+    lib = lib or _LIB.get()
     B, Hq, _, D = q.shape
     Hkv, rows = k_codes.shape[1], k_codes.shape[2]
     L = rows * group // D
@@ -193,13 +193,13 @@ def attention_decode_packed(q: torch.Tensor, k_codes: torch.Tensor, k_scale: tor
     return out
 
 
-def kv_quant_rows(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+def kv_quant_rows(x: torch.Tensor, bits: int, lib=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """A packed KV cache's asymmetric rows in one native call: float32 ``x [N, g]`` → packed codes
     ``[N, g·bits/8]`` uint8, fp16 scales and uint8 zero points ``[N]``, the bits of
     ``lowbit.formats``' choose_qparams / quantize / pack (tested equal). None where it does not
     apply (no library, bits other than 4 and 8, NaN/Inf in x, a scale beyond fp16): the caller
     then takes that generic path, which raises for bad input."""
-    lib = _LIB.get()
+    lib = lib or _LIB.get()
     if lib is None or x.dtype is not _F32 or x.dim() != 2 or not x.is_cpu or bits not in (4, 8) or x.shape[1] * bits % 8:
         return None
     x = x.contiguous()
