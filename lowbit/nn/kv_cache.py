@@ -85,7 +85,7 @@ class PackedKV:
         counts the stored rows; the buffers hold up to that eighth (or 256 rows) more."""
         new = codes.shape[2]
         n = 0 if self.codes is None else self.codes.shape[2]
-        bufs = getattr(self, "_bufs", None)
+        bufs = self._bufs
         if bufs is None or bufs[0].shape[2] < n + new or bufs[0].shape[:2] != codes.shape[:2]:
             cap = n + new + max(256, (n + new) // 8)
             grown = []

@@ -150,9 +150,9 @@ def attention_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 
 def _packed_side(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None) -> list:
     """A packed cache side's pointers and (batch, head) strides, as attn_decode_packed takes them."""
-    z = zero if zero is not None else None
-    return [codes.data_ptr(), scale.data_ptr(), 0 if z is None else z.data_ptr(), codes.stride(0), codes.stride(1),
-            scale.stride(0), scale.stride(1), 0 if z is None else z.stride(0), 0 if z is None else z.stride(1)]
+    z = [0, 0, 0] if zero is None else [zero.data_ptr(), zero.stride(0), zero.stride(1)]
+    return [codes.data_ptr(), scale.data_ptr(), z[0], codes.stride(0), codes.stride(1), scale.stride(0), scale.stride(1),
+            z[1], z[2]]
 
 
 def packed_decode_applies(q: torch.Tensor, bits: int, group: int, head_dim: int) -> bool:

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "bf16.h"
+#include "../../native/csrc/half.h"
 #include "work_pool.h"
 
 static inline void store_at(void *y, int bf16, int64_t j, float v) {
@@ -183,6 +184,25 @@ static inline __m256 exp8_nonpos(__m256 x) {
 #define DECODE_SIMD 0
 #endif
 
+/* A softmax's weights in place: scores[l] <- e^(scores[l] - max), the maximum subtracted first;
+ * returns their sum, or NaN where the maximum is NaN or infinite (the head's output is then NaN,
+ * as torch's softmax gives). */
+static float softmax_weights(float *scores, int64_t L) {
+    float m = -INFINITY;
+    for (int64_t l = 0; l < L; l++)
+        if (scores[l] > m || scores[l] != scores[l]) m = scores[l];
+    if (!isfinite(m)) return NAN;
+    int64_t l = 0;
+#if DECODE_SIMD
+    for (; l + 8 <= L; l += 8)
+        _mm256_storeu_ps(scores + l, exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(scores + l), _mm256_set1_ps(m))));
+#endif
+    for (; l < L; l++) scores[l] = expf(scores[l] - m);
+    float sum = 0.f;
+    for (l = 0; l < L; l++) sum += scores[l];
+    return sum;
+}
+
 /* One (batch, kv head): its `groups` query heads (rows qh apart in q) against L cached key and
  * value rows (kl / vl apart), head dim D <= 256, unit stride within a row. Softmax in float32 with
  * the maximum subtracted first; scores: scratch of L floats. A NaN or infinite maximum score makes
@@ -217,21 +237,11 @@ static void attend_group(const void *q, int64_t qh, const void *k, const void *v
             for (int64_t d = 0; d < D; d++) s += qf[d] * act_at(kr, bf16, d);
             scores[l] = s;
         }
-        float m = -INFINITY;
-        for (l = 0; l < L; l++)
-            if (scores[l] > m || scores[l] != scores[l]) m = scores[l];
-        if (!isfinite(m)) {
+        const float sum = softmax_weights(scores, L);
+        if (sum != sum) {
             for (int64_t d = 0; d < D; d++) store_at(out, bf16, g * D + d, NAN);
             continue;
         }
-        l = 0;
-#if DECODE_SIMD
-        for (; l + 8 <= L; l += 8)
-            _mm256_storeu_ps(scores + l, exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(scores + l), _mm256_set1_ps(m))));
-#endif
-        for (; l < L; l++) scores[l] = expf(scores[l] - m);
-        float sum = 0.f;
-        for (l = 0; l < L; l++) sum += scores[l];
         int64_t d0 = 0;
 #if DECODE_SIMD
         for (; d0 + 32 <= D; d0 += 32) { /* 32 output dims held in registers across all L rows */
@@ -297,20 +307,6 @@ int attn_decode(const void *q, int64_t qb, int64_t qh, const void *k, int64_t kb
     const int64_t items = B * Hkv;
     pool_run(attn_item, &a, items, items * L * D >= 65536 ? threads : 1);
     return atomic_load(&a.failed);
-}
-
-/* IEEE half -> float (the packed KV cache's scales), exact. */
-static inline float half_to_f32(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-    uint32_t u;
-    if (e == 0) {
-        const float f = ldexpf((float)m, -24); /* zero or subnormal */
-        return sign ? -f : f;
-    }
-    u = e == 31 ? sign | 0x7f800000u | (m << 13) : sign | ((e + 112) << 23) | (m << 13);
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
 }
 
 /* One side of a packed cache (lowbit.nn.kv_cache.PackedKV) for one (batch, kv head): rows of g
@@ -424,29 +420,26 @@ static void attn_packed_item(const void *ctx, int64_t it) {
             qsum[c] = t;
             for (int64_t j = 0; j < g; j++) qs[c * g + (split ? (j & 1) * (g / 2) + j / 2 : j)] = q[c * g + j];
         }
-        float m = -INFINITY;
         for (int64_t l = 0; l < L; l++) {
             float sc = 0.f;
             for (int64_t c = 0; c < per; c++) {
                 const int64_t r = l * per + c;
                 const float z = kz ? (float)kz[r] : (float)zsym;
-                sc += half_to_f32(ks[r]) * (row_dot(kc + r * rb, a->bits, g, qs + c * g, simd) - z * qsum[c]);
+                sc += (float)h_from(ks[r]) * (row_dot(kc + r * rb, a->bits, g, qs + c * g, simd) - z * qsum[c]);
             }
             scores[l] = sc * a->scale;
-            if (scores[l] > m || scores[l] != scores[l]) m = scores[l];
         }
         float *o = a->out + (b * a->Hq + qh) * D;
-        if (!isfinite(m)) {
+        const float sum = softmax_weights(scores, L);
+        if (sum != sum) {
             for (int64_t d = 0; d < D; d++) o[d] = NAN;
             continue;
         }
-        float sum = 0.f;
-        for (int64_t l = 0; l < L; l++) sum += (scores[l] = expf(scores[l] - m));
         for (int64_t d = 0; d < D; d++) acc[d] = 0.f;
         for (int64_t l = 0; l < L; l++)
             for (int64_t c = 0; c < per; c++) {
                 const int64_t r = l * per + c;
-                row_acc(vc + r * rb, a->bits, g, scores[l] * half_to_f32(vs[r]), vz ? (float)vz[r] : (float)zsym,
+                row_acc(vc + r * rb, a->bits, g, scores[l] * (float)h_from(vs[r]), vz ? (float)vz[r] : (float)zsym,
                         acc + c * g, simd);
             }
         const float inv = 1.0f / sum;
@@ -476,24 +469,6 @@ int attn_decode_packed(const float *q, const uint8_t *kc, const uint16_t *ks, co
     return atomic_load(&a.failed);
 }
 
-/* float -> IEEE half, round to nearest even (torch's .to(float16)); |f| >= 65520 becomes inf. */
-static inline uint16_t f32_to_half(float f) {
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    const uint32_t sign = (x >> 16) & 0x8000, a = x & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00); /* NaN */
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00);  /* 65520 and up: inf */
-    if (a < 0x38800000u) {                                     /* below 2^-14: a subnormal half or zero */
-        float v;
-        memcpy(&v, &a, sizeof v);
-        return (uint16_t)(sign | (uint32_t)rintf(v * 16777216.0f)); /* exact scaling by 2^24, then nearest even */
-    }
-    uint32_t h = ((a >> 23) - 112) << 10 | (a & 0x7fffffu) >> 13;
-    const uint32_t rem = a & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++; /* a carry into the exponent is right too */
-    return (uint16_t)(sign | h);
-}
-
 /* A packed KV cache's new rows (lowbit.nn.kv_cache.PackedKV.append, asymmetric): each row of g
  * float32 values gets lowbit.formats' asymmetric per-row parameters, exactly as choose_qparams and
  * quantize compute them: lo = min(row, 0), hi = max(row, 0), scale = (hi - lo) / (2^bits - 1)
@@ -516,11 +491,11 @@ int kv_quant_rows(const float *x, int64_t rows, int64_t g, int bits, uint8_t *co
             hi = v[j] > hi ? v[j] : hi;
         }
         const float s32 = (hi - lo) / qmax;
-        uint16_t h = f32_to_half(s32);
-        if (fabsf(half_to_f32(h)) < fabsf(s32)) h++; /* never shrink: the next half up (s32 >= 0) */
+        uint16_t h = h_bits((_Float16)s32);
+        if (fabsf((float)h_from(h)) < fabsf(s32)) h++; /* never shrink: the next half up (s32 >= 0) */
         if ((h & 0x7c00) == 0x7c00) return 4;
         if ((h & 0x7fff) == 0) h = 0x3c00; /* an all-zero row: scale 1 */
-        const float s = half_to_f32(h);
+        const float s = (float)h_from(h);
         float zp = rintf(-lo / s);
         zp = zp < 0.f ? 0.f : zp > qmax ? qmax : zp;
         scale[r] = h, zero[r] = (uint8_t)zp;

@@ -225,12 +225,13 @@ static void pool_omp_body(void *arg) { /* every thread of the team claims items 
     }
 }
 
-/* auto: after a call whose last thread came `late` ns after the items ran out, with items of `item`
- * ns on average: two such calls in a row send the next calls down a level (team -> pool, pool ->
- * the caller alone) until *resume, for a backoff that doubles while they keep coming late. */
-static void pool_note_lateness(int64_t end, int64_t drained, int64_t late, int64_t item, _Atomic int *run,
-                               _Atomic int64_t *resume, _Atomic int64_t *backoff_ns, int late_count) {
-    int64_t backoff = atomic_load_explicit(backoff_ns, memory_order_relaxed);
+/* auto: after a call that ended at `end` and whose items ran out at `drained` (0: not noted), items
+ * of `item` ns on average: two calls in a row whose last thread came late send the next calls down a
+ * level (team -> pool, pool -> the caller alone) until *resume, for a backoff that doubles while
+ * they keep coming late. */
+static void pool_note_lateness(int64_t end, int64_t drained, int64_t item, _Atomic int *run, _Atomic int64_t *resume,
+                               _Atomic int64_t *backoff_ns, int late_count) {
+    const int64_t late = end - drained, backoff = atomic_load_explicit(backoff_ns, memory_order_relaxed);
     if (drained && late >= POOL_LATE_NS && late > 4 * item) {
         atomic_fetch_add_explicit(&pool_counts[late_count], 1, memory_order_relaxed);
         if (atomic_fetch_add_explicit(run, 1, memory_order_relaxed) + 1 < POOL_LATE_RUN) return;
@@ -251,8 +252,8 @@ static void pool_team_run(pool_gomp_parallel_fn omp, int mode, pool_item_fn fn, 
     if (mode != 3) return;
     atomic_fetch_add_explicit(&pool_counts[0], 1, memory_order_relaxed);
     const int64_t end = pool_now_ns(), drained = atomic_load_explicit(&job.drained_ns, memory_order_relaxed);
-    pool_note_lateness(end, drained, end - drained, (drained - start) * team / items, &pool_late_run,
-                       &pool_team_resume_ns, &pool_backoff_ns, 2);
+    pool_note_lateness(end, drained, (drained - start) * team / items, &pool_late_run, &pool_team_resume_ns,
+                       &pool_backoff_ns, 2);
 }
 
 /* fn(ctx, i) for every i in [0, items), on up to `threads` threads (the caller among them). */
@@ -299,8 +300,7 @@ static void pool_run(pool_item_fn fn, const void *ctx, int64_t items, int thread
         else sched_yield(); /* a claimed item's thread was preempted: let it run */
     pthread_mutex_unlock(&pool_.call);
     if (mode == 3) {
-        const int64_t end = pool_now_ns();
-        pool_note_lateness(end, drained, end - drained, (drained - start) * threads / items, &pool_pool_late_run,
+        pool_note_lateness(pool_now_ns(), drained, (drained - start) * threads / items, &pool_pool_late_run,
                            &pool_solo_resume_ns, &pool_solo_backoff_ns, 3);
     }
 }

@@ -3,8 +3,8 @@
 Per output tile and per group of ``G`` input channels: load int8 activation codes and packed
 INT4 weight nibbles (two codes a byte, stored ``code + 8``: the group's first half in the low
 nibbles, its second half in the high ones), two int8 x int8 → int32 ``tl.dot`` (exact),
-rescale by act_scale[token, group] x w_scale[out, group] into a float32 accumulator; then the outlier channels as int8 dots into
-an int32 accumulator with their own scales; bias; store. Tested on CPU under
+rescale by act_scale[token, group] x w_scale[out, group] into a float32 accumulator; then the
+outlier channels as int8 dots into an int32 accumulator with their own scales; bias; store. Tested on CPU under
 ``TRITON_INTERPRET=1`` against the float64 integer reference (float32 rescale error only).
 """
 

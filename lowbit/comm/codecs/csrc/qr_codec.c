@@ -20,8 +20,7 @@
 #define BF16_MAX 3.3895313892515355e38f /* decoded values stay within bfloat16 (extended scales) */
 #define F16_MAX 65504.0f
 
-static inline uint16_t h_bits(_Float16 h) { uint16_t b; memcpy(&b, &h, 2); return b; }
-static inline _Float16 h_from(uint16_t b) { _Float16 h; memcpy(&h, &b, 2); return h; }
+#include "../../../native/csrc/half.h"
 
 /* Extended scales (see ../extscale.py): fp16 NaN bit patterns with bit 9 clear and a non-zero
  * payload p carry +-2^(15 + p/4) * (1 + (p & 3)/4), for finite blocks beyond the fp16 range. */
