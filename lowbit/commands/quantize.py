@@ -25,7 +25,8 @@ def register(sub) -> None:
     p.add_argument("--name", help="name of the resulting scheme (default: preset + overrides)")
     p.add_argument("--tp", type=positive_int, default=1, metavar="W",
                    help="quantize for W tensor-parallel ranks: o_proj/down_proj get outliers, groups and GPTQ local to "
-                   "each rank's input slice, so `lowbit eval --tp W` can run the checkpoint sharded")
+                   "each rank's input slice, so `lowbit eval --tp W` and vLLM (`--quantization lowbit "
+                   "--tensor-parallel-size W`) can run the checkpoint sharded")
     p.add_argument("--from-disk", action="store_true",
                    help="keep the decoder layers on disk and load one at a time (peak memory: embeddings + one float "
                    "layer + the quantized layers), for models larger than memory; needs a safetensors folder")

@@ -4,8 +4,8 @@ builds them), where each input permutation lives, and every reason to refuse the
 
 Everything the plugin cannot run is refused here, so vLLM fails while loading, never at a
 request: kernels without a lowbit CPU path (FP4 grids, FP16 outliers, float "linears" of
-activation-only schemes, asymmetric activations), tensor-parallel layouts, mixture-of-experts,
-norms other than a decoder layer's two. The INT4 KV cache is the one thing served differently:
+activation-only schemes, asymmetric activations), mixture-of-experts, norms other than a decoder
+layer's two, and a tensor-parallel size other than the one the checkpoint was quantized for. The INT4 KV cache is the one thing served differently:
 vLLM's paged cache holds one dtype per element, not lowbit's packed codes with a scale and zero
 per token and head, so the plugin serves with vLLM's own cache dtype and says so.
 
@@ -13,11 +13,18 @@ Where the reorder goes: lowbit folds each decoder layer's input permutation into
 (:class:`lowbit.nn.PermutedNorm`); vLLM's Llama uses its own fused add+RMSNorm, so the plugin
 loads the norm's plain weight there and gives the permutation to the fused linear it feeds
 (qkv_proj, gate_up_proj), which gathers its input first, as o_proj and down_proj already do.
+
+Tensor parallelism: column-parallel linears (q/k/v, gate/up, a quantized LM head) split by output
+rows, which any checkpoint allows. The row-parallel o_proj and down_proj split by input channels,
+which a one-rank checkpoint's groups, outlier channels and permutation span; a checkpoint made by
+``lowbit quantize --tp W`` holds them as W independent parts, one per rank's input slice
+(:mod:`lowbit.quantize.row_shards`), so rank r loads ``<name>.parts.<r>`` as its whole layer.
+Hence: a ``--tp W`` checkpoint is served with ``tensor_parallel_size=W``, a one-rank one with 1.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from lowbit.errors import LowbitError
 from lowbit.formats.scheme import Scheme, SchemeError
@@ -44,18 +51,46 @@ class Plan:
     scheme: Scheme
     linears: dict[str, QuantLinearLayout]  # checkpoint module name → layout
     permuted_norms: frozenset[str]
+    row_sharded: dict[str, list[int]] = field(default_factory=dict)  # row-parallel linear → input slice widths
+
+    @property
+    def world(self) -> int:
+        return self.scheme.tensor_parallel.world
+
+    def check_tp(self, tp_size: int) -> None:
+        """:class:`PluginError` unless vLLM's ``tensor_parallel_size`` is the one the checkpoint was made for."""
+        if tp_size == self.world:
+            return
+        if self.world == 1:
+            raise PluginError(f"tensor_parallel_size={tp_size}: this checkpoint was quantized for one rank, so the "
+                              "groups, outlier channels and input permutation of its row-parallel linears (o_proj, "
+                              "down_proj) span their whole input, which ranks cannot split; quantize it with "
+                              f"`lowbit quantize --tp {tp_size}` for {tp_size} ranks, or serve with tensor_parallel_size=1")
+        raise PluginError(f"tensor_parallel_size={tp_size}: this checkpoint was quantized for {self.world} "
+                          f"tensor-parallel ranks (--tp {self.world}): serve it with tensor_parallel_size={self.world}, "
+                          f"or quantize again with `lowbit quantize --tp {tp_size}`")
+
+    def weight_renames(self, rank: int) -> dict[str, str | None]:
+        """Regex → replacement (None: skip) for checkpoint names: rank ``rank`` loads its own part
+        of each row-sharded linear as the layer itself and skips the other ranks' parts."""
+        if not self.row_sharded:
+            return {}
+        return {rf"\.parts\.{rank}\.": ".", r"\.parts\.\d+\.": None}
 
     @property
     def kv_cache_note(self) -> str | None:
         kv = self.scheme.kv_cache
         return KV_CACHE_NOTE.format(bits=kv.bits) if kv.bits < 16 else None
 
-    def layer(self, prefix: str) -> tuple[QuantLinearLayout, list[int]] | None:
-        """The layout of vLLM's linear at ``prefix`` (fused parts stacked along the output) and
-        its parts' output sizes; None if the checkpoint keeps it float. Its ``has_input_perm``
-        says whether the layer gathers its input (its own permutation, or its norm's)."""
+    def layer(self, prefix: str, rank: int = 0) -> tuple[QuantLinearLayout, list[int]] | None:
+        """The layout of vLLM's linear at ``prefix`` on tensor-parallel rank ``rank`` (fused parts
+        stacked along the output, each whole: vLLM's split of the rows is applied when loading)
+        and its parts' output sizes; None if the checkpoint keeps it float. Its ``has_input_perm``
+        says whether the layer gathers its input (its own permutation, or its norm's). A
+        row-sharded linear is its part ``rank``: that rank's input slice only."""
         head, _, proj = prefix.rpartition(".")
         names = [f"{head}.{p}" if head else p for p in FUSED.get(proj, (proj,))]
+        names = [f"{n}.parts.{rank}" if n in self.row_sharded else n for n in names]
         parts = [self.linears.get(n) for n in names]
         if all(p is None for p in parts):
             return None
@@ -84,10 +119,16 @@ def plan_from_meta(meta: dict) -> Plan:
     except (SchemeError, TypeError) as e:
         raise PluginError(f"lowbit_config.json: bad scheme: {e}") from e
     layout = meta.get("layout", {})
-    if scheme.tensor_parallel.world > 1 or layout.get("row_sharded"):
-        raise PluginError(f"the checkpoint was quantized for {scheme.tensor_parallel.world} tensor-parallel ranks "
-                          "(--tp): its row-sharded layout has no vLLM equivalent in this plugin; quantize without "
-                          "--tp and serve with tensor_parallel_size=1")
+    row_sharded = {}
+    for name, d in (layout.get("row_sharded") or {}).items():
+        splits = d.get("splits") if isinstance(d, dict) else None
+        if not isinstance(splits, list) or len(splits) != scheme.tensor_parallel.world:
+            raise PluginError(f"lowbit_config.json: {name} is cut into {splits!r} input slices, the scheme says "
+                              f"{scheme.tensor_parallel.world} ranks")
+        if d.get("has_bias"):
+            raise PluginError(f"{name}: a row-sharded linear with a bias; the plugin serves row-parallel linears "
+                              "without one (llama / mistral / qwen2 / qwen3 have none)")
+        row_sharded[name] = [int(x) for x in splits]
     if layout.get("unfused_experts"):
         raise PluginError("mixture-of-experts checkpoints are not served by the lowbit plugin (vLLM's fused MoE "
                           "layers have no lowbit kernel)")
@@ -104,7 +145,13 @@ def plan_from_meta(meta: dict) -> Plan:
             raise PluginError(f"lowbit_config.json: bad layout of {name}: {e}") from e
         check_runnable(name, lay)
         linears[name] = lay
-    return Plan(scheme, linears, norms)
+    for name, splits in row_sharded.items():
+        for r, width in enumerate(splits):
+            part = linears.get(f"{name}.parts.{r}")
+            if part is None or part.in_features != width:
+                raise PluginError(f"{name}: part {r} of its {len(splits)} input slices is missing or not "
+                                  f"{width} channels wide")
+    return Plan(scheme, linears, norms, row_sharded)
 
 
 def check_runnable(name: str, lay: QuantLinearLayout) -> str:

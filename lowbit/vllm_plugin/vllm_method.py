@@ -9,10 +9,15 @@ sized for the fused linear (parts stacked along the output), with a ``weight_loa
 part (``shard_id`` q/k/v or 0/1) at its rows. Those parameters are the buffers of one QuantLinear,
 so after loading :func:`lowbit.kernels.linear_params.from_quant_linear` reads them as lowbit's own
 loader would, the kernel's layout is prepared once and the packed parameters are dropped.
+
+Tensor parallelism (see :mod:`.plan`): a column-parallel part is loaded as the rows vLLM gives
+this rank (its shard of q heads, KV heads, MLP rows or vocabulary), a row-parallel layer of a
+``--tp W`` checkpoint as this rank's own part, renamed to the layer when the checkpoint is read.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +25,9 @@ import torch
 from torch.nn import Parameter
 
 from vllm.logger import init_logger
-from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase, UnquantizedLinearMethod
+from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+from vllm.model_executor.layers.linear import (ColumnParallelLinear, LinearBase, LinearMethodBase, QKVParallelLinear,
+                                               UnquantizedLinearMethod)
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.model_executor.models.utils import WeightsMapper
@@ -84,14 +91,17 @@ class LowbitConfig(QuantizationConfig):
     def get_checkpoint_weight_mapper(self) -> WeightsMapper:
         import regex as re
 
-        renames = {re.compile(k): v for k, v in norm_renames().items()}
+        # read by each tensor-parallel worker as it loads: its own rank's parts
+        names = {**self.plan.weight_renames(get_tensor_model_parallel_rank()), **norm_renames()}
+        renames = {re.compile(k): v for k, v in names.items()}
         return WeightsMapper(orig_to_new_regex=renames, orig_to_new_suffix={".g_idx": None})
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
         if type(layer).__name__ in ("FusedMoE", "RoutedExperts"):
             raise PluginError(f"{prefix}: mixture-of-experts layers are not served by the lowbit plugin")
         if isinstance(layer, LinearBase) or isinstance(layer, ParallelLMHead):
-            found = self.plan.layer(prefix)
+            self.plan.check_tp(get_tensor_model_parallel_world_size())
+            found = self.plan.layer(prefix, get_tensor_model_parallel_rank())
             if found is None:
                 return UnquantizedLinearMethod() if isinstance(layer, LinearBase) else None
             return LowbitLinearMethod(prefix, *found)
@@ -100,20 +110,37 @@ class LowbitConfig(QuantizationConfig):
         return None
 
 
+def _row_starts(layer: torch.nn.Module, rows: list[int]) -> list[int]:
+    """Where the rows vLLM gives this rank start in each whole part: the part's shard index times
+    the shard's rows, as vLLM's own loaders narrow (KV heads shared by several ranks when there are
+    fewer than ranks; a vocabulary shard from its first index)."""
+    if isinstance(layer, ParallelLMHead):
+        return [layer.shard_indices.org_vocab_start_index]
+    if not isinstance(layer, ColumnParallelLinear):  # row-parallel (whole outputs on every rank) or replicated
+        return [0] * len(rows)
+    rank = layer.tp_rank
+    if isinstance(layer, QKVParallelLinear):
+        kv_rank = rank // layer.num_kv_head_replicas
+        return [rank * rows[0]] + [kv_rank * r for r in rows[1:]]
+    return [rank * r for r in rows]
+
+
 class LowbitLinearMethod(LinearMethodBase):
     def __init__(self, prefix: str, layout: QuantLinearLayout, sizes: list[int]):
         self.prefix, self.layout, self.sizes = prefix, layout, sizes
 
     def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int, output_partition_sizes: list[int],
                        input_size: int, output_size: int, params_dtype: torch.dtype, **extra_weight_attrs):
-        lay = self.layout
-        if input_size_per_partition != input_size or list(output_partition_sizes) != self.sizes:
-            raise PluginError(f"{self.prefix}: vLLM splits this layer as {input_size_per_partition} of {input_size} "
-                              f"inputs and outputs {list(output_partition_sizes)}, the checkpoint holds {self.sizes}; "
-                              "the lowbit plugin serves tensor_parallel_size=1 only")
-        if input_size != lay.in_features:
-            raise PluginError(f"{self.prefix}: vLLM's layer reads {input_size} inputs, the checkpoint's {lay.in_features}")
-        ql = QuantLinear(lay)
+        lay, rows = self.layout, [int(r) for r in output_partition_sizes]
+        if input_size_per_partition != lay.in_features:  # a row-parallel layer: this rank's part, or refused
+            raise PluginError(f"{self.prefix}: vLLM gives this rank {input_size_per_partition} of {input_size} inputs, "
+                              f"the checkpoint's linear (or this rank's part of it) reads {lay.in_features}")
+        starts = _row_starts(layer, rows) if len(rows) == len(self.sizes) else []
+        if not starts or any(s < 0 or s + r > full for s, r, full in zip(starts, rows, self.sizes)):
+            raise PluginError(f"{self.prefix}: vLLM splits this layer's outputs as {rows} on this rank, which the "
+                              f"checkpoint's parts of {self.sizes} rows cannot give (a padded vocabulary?)")
+        self.rows, self.starts = rows, starts
+        ql = QuantLinear(replace(lay, out_features=sum(rows)))
         layer.__dict__["_lowbit_module"] = ql  # not a submodule: vLLM sees only the parameters below
         for name, buf in ql.named_buffers():
             param = Parameter(buf, requires_grad=False)
@@ -121,21 +148,19 @@ class LowbitLinearMethod(LinearMethodBase):
             layer.register_parameter(name, param)
 
     def _loader(self, name: str):
-        sizes = self.sizes
-
         def load(param: Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-            if name == "input_perm":  # one permutation for the fused input: every part's is the same
-                rows, offset = param.shape[0], 0
+            if name == "input_perm":  # one permutation of the whole input for every part and rank
+                full, rows, start, offset = param.shape[0], param.shape[0], 0, 0
             else:
                 i = SHARD_INDEX.get(shard_id, shard_id) if shard_id is not None else 0
-                if not isinstance(i, int) or not 0 <= i < len(sizes):
-                    raise PluginError(f"{self.prefix}.{name}: unexpected part {shard_id!r} of {len(sizes)}")
-                rows, offset = sizes[i], sum(sizes[:i])
-            want = (rows, *param.shape[1:])
+                if not isinstance(i, int) or not 0 <= i < len(self.sizes):
+                    raise PluginError(f"{self.prefix}.{name}: unexpected part {shard_id!r} of {len(self.sizes)}")
+                full, rows, start, offset = self.sizes[i], self.rows[i], self.starts[i], sum(self.rows[:i])
+            want = (full, *param.shape[1:])
             if tuple(loaded.shape) != want or loaded.dtype != param.dtype:
                 raise PluginError(f"{self.prefix}.{name} (part {shard_id}): the checkpoint holds {loaded.dtype} "
                                   f"{tuple(loaded.shape)}, the layout says {param.dtype} {want}")
-            param.data[offset:offset + rows].copy_(loaded)
+            param.data[offset:offset + rows].copy_(loaded[start:start + rows])
 
         return load
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lowbit.checkpoint import save_quantized
-from lowbit.formats.scheme import KVArgs
+from lowbit.formats.scheme import KVArgs, TPArgs
 from lowbit.quantize import get_scheme, quantize_model
 from lowbit.vllm_plugin.plan import PluginError, check_model_type, norm_renames, plan_from_meta
 from tests.tiny_models import tiny_model
@@ -61,11 +61,45 @@ def test_int4_kv_cache_is_served_with_vllms_cache_and_says_so(tmp_path_factory):
     assert "INT4 KV cache" in note and "kv_cache_dtype='auto'" in note
 
 
-def test_refused_checkpoints_name_the_reason(w4a4, tmp_path_factory):
-    bad = json.loads(json.dumps(w4a4))
-    bad["scheme"]["tensor_parallel"]["world"] = 2
-    with pytest.raises(PluginError, match="tensor-parallel"):
+def test_tp_checkpoint_gives_each_rank_its_part_of_the_row_parallel_linears(w4a4, tmp_path_factory):
+    """A ``--tp 2`` checkpoint: rank r's o_proj / down_proj is part r (its own input slice, outliers
+    and permutation), read under the layer's name; column-parallel layers are whole (vLLM's rows
+    are cut when loading); and each checkpoint is served only at the size it was made for."""
+    meta = _meta(tmp_path_factory, get_scheme("w4a4-rtn").with_(outliers=get_scheme("w4a4").outliers,
+                                                                tensor_parallel=TPArgs(world=2)))
+    plan = plan_from_meta(meta)
+    splits = meta["layout"]["row_sharded"]["model.layers.0.mlp.down_proj"]["splits"]
+    assert plan.world == 2 and len(splits) == 2
+    for rank in (0, 1):
+        down, sizes = plan.layer("model.layers.0.mlp.down_proj", rank)
+        assert down.in_features == splits[rank] and sizes == [down.out_features] and down.has_input_perm
+        qkv, sizes = plan.layer("model.layers.0.self_attn.qkv_proj", rank)
+        assert sizes == [64, 32, 32] and qkv.in_features == 64  # whole: the rows are vLLM's to cut
+    renames = plan.weight_renames(1)
+    for name, want in {"model.layers.0.mlp.down_proj.parts.1.qweight": "model.layers.0.mlp.down_proj.qweight",
+                       "model.layers.0.mlp.down_proj.parts.0.qweight": None,
+                       "model.layers.0.mlp.up_proj.qweight": "model.layers.0.mlp.up_proj.qweight"}.items():
+        for pat, new in renames.items():
+            if name is not None and re.search(pat, name):
+                name = None if new is None else re.sub(pat, new, name)
+        assert name == want
+    plan.check_tp(2)
+    with pytest.raises(PluginError, match="quantized for 2 tensor-parallel ranks .* tensor_parallel_size=2"):
+        plan.check_tp(1)
+    with pytest.raises(PluginError, match="quantized for one rank.*`lowbit quantize --tp 2`"):
+        plan_from_meta(w4a4).check_tp(2)
+    assert plan_from_meta(w4a4).weight_renames(0) == {}
+    bad = json.loads(json.dumps(meta))
+    bad["layout"]["row_sharded"]["model.layers.0.mlp.down_proj"]["splits"] = splits + [8]
+    with pytest.raises(PluginError, match=r"down_proj is cut into .* input slices, the scheme says 2 ranks"):
         plan_from_meta(bad)
+    bad = json.loads(json.dumps(meta))
+    del bad["layout"]["quant_linears"]["model.layers.0.self_attn.o_proj.parts.1"]
+    with pytest.raises(PluginError, match="o_proj: part 1 of its 2 input slices is missing"):
+        plan_from_meta(bad)
+
+
+def test_refused_checkpoints_name_the_reason(w4a4, tmp_path_factory):
     bad = json.loads(json.dumps(w4a4))
     bad["layout"]["unfused_experts"] = True
     with pytest.raises(PluginError, match="mixture-of-experts"):

@@ -2,6 +2,10 @@
 INT8 outliers and reorder, W4A16 with an INT8 LM head, W8A8 (SmoothQuant). vLLM's perplexity
 (``prompt_logprobs``) must equal lowbit's own evaluation of the same checkpoint within 0.5 %, its
 greedy tokens must be lowbit's, and a checkpoint it cannot run must fail while vLLM loads it.
+Checkpoints quantized for 3 ranks (``--tp 3``) are served with ``tensor_parallel_size=3`` (each
+vLLM worker its rows of q/k/v, gate/up and the LM head, its own part of o_proj and down_proj) and
+held to the same bounds against lowbit's one-process evaluation of the same folder, whose summed
+parts are what the ranks' all-reduce adds.
 
 Both sides compute in float32 (vLLM ``dtype="float32"``, lowbit's checkpoints always run fp32), so
 the kernels are the same bits and only attention and norms round differently. W4A4 turns those
@@ -22,11 +26,9 @@ Skipped, naming what is missing, where no Python with vLLM is found (``scripts/v
 """
 
 import copy
-import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import time
 
@@ -34,10 +36,10 @@ import pytest
 import torch
 
 from lowbit.bench.vllm_engine import VLLMUnavailable, find_python
-from lowbit.formats.scheme import GPTQArgs, WeightArgs
+from lowbit.formats.scheme import GPTQArgs, TPArgs, WeightArgs
 from lowbit.vllm_plugin.runner import run
 
-pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 LAYERS = 6
 W4A4_FLOOR = 0.06  # see the module docstring: observed up to 4.03 % on this truncated model
@@ -45,6 +47,8 @@ WINDOWS, SEQLEN = 2, 256
 PROMPT = "The capital of France is Paris. The capital of Germany is"
 GREEDY_TOKENS = 12
 PPL_TOLERANCE = 0.005
+TP_WORLD = 3  # the default model's 9 heads / 3 KV heads: vLLM splits heads evenly, so 3 ranks (2 cannot)
+TP_FORMATS = ("w4a4", "w4a16")  # outliers and permutations in parts; an INT8 LM head cut by vocabulary
 RTN = dict(gptq=GPTQArgs(enabled=False), weights=WeightArgs(bits=4, group_size=128, symmetric=True))
 
 
@@ -90,20 +94,24 @@ def served(vllm_python, tmp_path_factory):
         quantize_model(model, scheme, calib, progress=False)
         save_quantized(model, folders[fmt], tok)
         print(f"{fmt} quantized at {time.perf_counter() - t0:.0f} s", flush=True)
-    tp = tmp_path_factory.mktemp("tp") / "ckpt"  # a layout the plugin refuses: quantized for 2 ranks
-    shutil.copytree(folders["w4a4"], tp)
-    meta = json.loads((tp / "lowbit_config.json").read_text())
-    meta["scheme"]["tensor_parallel"]["world"] = 2
-    (tp / "lowbit_config.json").write_text(json.dumps(meta))
+    for fmt in TP_FORMATS:  # quantized for TP_WORLD ranks: each rank's own part of o_proj / down_proj
+        folders[f"tp{TP_WORLD}-{fmt}"] = tmp_path_factory.mktemp(f"tp-{fmt}") / "ckpt"
+        model = copy.deepcopy(base)
+        quantize_model(model, _schemes()[fmt].with_(tensor_parallel=TPArgs(world=TP_WORLD)), calib, progress=False)
+        save_quantized(model, folders[f"tp{TP_WORLD}-{fmt}"], tok)
 
-    def engine(folder, jobs):
+    def engine(folder, jobs, tp=1):
         return {"llm": {"model": str(folder), "quantization": "lowbit", "dtype": "float32", "enforce_eager": True,
-                        "max_model_len": SEQLEN + 8, "max_num_seqs": 4}, "jobs": jobs}
+                        "max_model_len": SEQLEN + 8, "max_num_seqs": 4, "tensor_parallel_size": tp,
+                        "distributed_executor_backend": "mp" if tp > 1 else "uni"}, "jobs": jobs}
 
     jobs = [{"kind": "nll", "windows": windows.tolist()},
             {"kind": "greedy", "prompts": [prompt], "max_tokens": GREEDY_TOKENS}]
-    req = {"engines": [engine(folders[f], jobs) for f in folders] + [engine(tp, [])]}
-    result = run(req, timeout=800, python=vllm_python)
+    engines = [engine(folders[f], jobs, TP_WORLD if f.startswith("tp") else 1) for f in folders]
+    # refused at load (kept last: vLLM may be left half set up): a one-rank checkpoint on TP_WORLD
+    # ranks, a --tp checkpoint on one
+    engines += [engine(folders["w4a4"], [], TP_WORLD), engine(folders[f"tp{TP_WORLD}-w4a4"], [])]
+    result = run({"engines": engines}, timeout=1200, python=vllm_python)
     print(f"vLLM done at {time.perf_counter() - t0:.0f} s", flush=True)
     return {f: (folders[f], r) for f, r in zip(folders, result["engines"])}, result, windows, prompt
 
@@ -134,6 +142,7 @@ def _format_problem(served, fmt, monkeypatch) -> str | None:
 
     per_format, _, windows, prompt = served
     folder, res = per_format[fmt]
+    kind = fmt.rpartition("-")[2]  # tp3-w4a4: a w4a4 checkpoint for 3 ranks
     if "error" in res:
         return f"{fmt}: vLLM failed: {res['error'][-500:]}"
     nll, greedy = res["jobs"]
@@ -147,9 +156,9 @@ def _format_problem(served, fmt, monkeypatch) -> str | None:
         for _ in range(GREEDY_TOKENS):
             ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     tol = PPL_TOLERANCE
-    if fmt in ("w4a4", "w8a8"):  # dynamic activation codes: a last-bit change can move a code
+    if kind in ("w4a4", "w8a8"):  # dynamic activation codes: a last-bit change can move a code
         sens = _rounding_sensitivity(model, windows, ours, monkeypatch)
-        tol = max(tol, 2 * abs(sens), W4A4_FLOOR if fmt == "w4a4" else 0.0)
+        tol = max(tol, 2 * abs(sens), W4A4_FLOOR if kind == "w4a4" else 0.0)
         print(f"{fmt}: lowbit's ppl with float64 norms moves {sens:+.3%}")
     print(f"{fmt}: vLLM+plugin ppl {theirs:.4f}, lowbit {ours:.4f} ({theirs / ours - 1:+.3%}, bound {tol:.2%}), "
           f"vLLM load {res['load_s']:.0f} s")
@@ -164,7 +173,8 @@ def test_plugin_serves_every_format_as_lowbit_does(served, monkeypatch):
     """One test over one vLLM process: a module fixture shared by several tests is built once per
     pytest-xdist worker that runs one of them, and this one costs minutes. Every check runs and
     every failure is listed."""
-    problems = [p for fmt in ("w4a4", "w4a16", "w8a8") if (p := _format_problem(served, fmt, monkeypatch))]
+    fmts = ("w4a4", "w4a16", "w8a8") + tuple(f"tp{TP_WORLD}-{f}" for f in TP_FORMATS)
+    problems = [p for fmt in fmts if (p := _format_problem(served, fmt, monkeypatch))]
     log = served[1]["log"]
     for kind in ("w4a4", "w4a16", "w8a16", "w8a8"):  # w8a16: the w4a16 preset's INT8 LM head
         # a CPU method of lowbit's (native GEMV or batched gemm, as dispatch picks here), never reference
@@ -174,7 +184,13 @@ def test_plugin_serves_every_format_as_lowbit_does(served, monkeypatch):
         if not re.search(rf"lowbit plugin: {kind} linears run on lowbit's cpu:\w+ kernel .*threads: {threads}\)", log):
             problems.append(f"the engine log does not say that {kind} linears ran on lowbit's native kernels "
                             f"with threads {threads}")
+    for rank in range(TP_WORLD):  # every rank ran lowbit's kernels
+        if not re.search(rf"Worker_TP{rank} .*lowbit plugin: w4a4 linears run on lowbit's cpu:", log):
+            problems.append(f"tensor-parallel worker {rank} does not say that it ran lowbit's kernels")
+    # the one-rank checkpoint on TP_WORLD ranks fails in vLLM's workers: the reason is in the log
+    if "error" not in served[1]["engines"][-2] or "this checkpoint was quantized for one rank" not in log:
+        problems.append(f"a one-rank checkpoint at tensor_parallel_size={TP_WORLD} was not refused at load by name")
     err = served[1]["engines"][-1].get("error") or ""
-    if not ("tensor-parallel" in err and "quantize without --tp" in err):  # a layout the plugin cannot run
-        problems.append(f"the --tp checkpoint was not refused at load by name: {err[-300:]!r}")
+    if f"quantized for {TP_WORLD} tensor-parallel ranks" not in err:
+        problems.append(f"the --tp checkpoint at tensor_parallel_size=1 was not refused at load by name: {err[-300:]!r}")
     assert not problems, "\n".join(problems)
