@@ -73,6 +73,19 @@ static int channels_ok(int64_t n, int64_t hidden, int64_t nch, int block) {
            && (block == 0 || ((block & (block - 1)) == 0 && block <= 64 && ROW % block == 0 && hidden % block == 0));
 }
 
+/* The outlier channels among the m values from start on: copied raw (es bytes each) from the input
+ * src into outl, and zeroed in buf, the row's copy (elements of bes bytes: 4 float32, 2 bf16). */
+static void take_channels(const uint8_t *src, size_t es, int64_t start, int64_t m, int64_t hidden,
+                          const int64_t *chans, int64_t nch, void *outl, void *buf, size_t bes) {
+    for (int64_t tok = start / hidden; nch && m && tok * hidden < start + m; tok++)
+        for (int64_t k = 0; k < nch; k++) {
+            int64_t p = tok * hidden + chans[k];
+            if (p < start || p >= start + m) continue;
+            memcpy((uint8_t *)outl + (size_t)(tok * nch + k) * es, src + (size_t)p * es, es);
+            memset((uint8_t *)buf + (size_t)(p - start) * bes, 0, bes);
+        }
+}
+
 /* Returns 0, or -1 (nothing written) for a size or layout that is not ours. outl: [n / hidden, nch]
  * values of the input's element size; rest: n floats. */
 int qr_split(const void *in, int in_type, int64_t n, int64_t hidden, const int64_t *chans, int64_t nch, int block,
@@ -84,13 +97,7 @@ int qr_split(const void *in, int in_type, int64_t n, int64_t hidden, const int64
     for (int64_t start = 0; start < n; start += ROW) {
         int64_t m = n - start < ROW ? n - start : ROW;
         load_row(in, in_type, start, n, buf);
-        for (int64_t tok = start / hidden; nch && tok * hidden < start + m; tok++)
-            for (int64_t k = 0; k < nch; k++) {
-                int64_t p = tok * hidden + chans[k];
-                if (p < start || p >= start + m) continue;
-                memcpy((uint8_t *)outl + (size_t)(tok * nch + k) * es, src + (size_t)p * es, es);
-                buf[p - start] = 0.0f;
-            }
+        take_channels(src, es, start, m, hidden, chans, nch, outl, buf, sizeof(float));
         if (block) fwht_blocks(buf, m, block, scale);
         memcpy(rest + start, buf, (size_t)m * sizeof(float));
     }
@@ -157,7 +164,9 @@ int qr_decode_merge(const uint8_t *const *wires, int nw, int64_t rows, int kind,
 
 /* qr_split and qr_encode fused for a quantized kind (0 int, 1 FP4): per 2048-value row, the
  * outlier channels out (raw into outl) and zeroed, the block Hadamard, then the codec, all in L1;
- * the same bytes as qr_split then qr_encode of the float32 rest (tested). */
+ * the same bytes as qr_split then qr_encode of the float32 rest (tested). bf16 input without the
+ * Hadamard (`+oN` alone) stays bf16: the channels are zeroed in a bf16 copy of the row, which the
+ * plain codec's fused bf16 step encodes (its values are the float32 row's, so the same bytes). */
 int qr_encode_split(const void *in, int in_type, int64_t n, int64_t hidden, const int64_t *chans, int64_t nch,
                     int block, float scale, void *outl, int64_t rows, int kind, int bits, uint8_t *out,
                     int64_t row_bytes, int64_t code_bytes, int64_t out_bytes) {
@@ -170,16 +179,26 @@ int qr_encode_split(const void *in, int in_type, int64_t n, int64_t hidden, cons
     const uint8_t *src = (const uint8_t *)in;
     for (int64_t r = 0; r < rows; r++) {
         int64_t start = r * ROW, m = n - start < ROW ? (n - start > 0 ? n - start : 0) : ROW;
+        uint8_t *orow = out + r * row_bytes;
+#ifdef QR_SIMD
+        if (in_type == 1 && !block) { /* raw bf16 values into the codec: the plain codec's bf16 row step */
+            uint16_t b16[ROW];
+            uint8_t codes[ROW];
+            memcpy(b16, (const uint16_t *)in + start, (size_t)m * 2);
+            memset(b16 + m, 0, (size_t)(ROW - m) * 2);
+            take_channels(src, es, start, m, hidden, chans, nch, outl, b16, 2);
+            int done = simd_encode_row_bf16(b16, kind, bits, orow, code_bytes, codes);
+            if (done == 0) pack_planes(codes, bits, orow);
+            if (done >= 0) continue;
+            load_row(b16, 1, 0, ROW, buf); /* a block needs the extended scale: the general path */
+            encode_row(buf, kind, bits, orow, code_bytes);
+            continue;
+        }
+#endif
         load_row(in, in_type, start, n, buf);
-        for (int64_t tok = start / hidden; nch && m && tok * hidden < start + m; tok++)
-            for (int64_t k = 0; k < nch; k++) {
-                int64_t p = tok * hidden + chans[k];
-                if (p < start || p >= start + m) continue;
-                memcpy((uint8_t *)outl + (size_t)(tok * nch + k) * es, src + (size_t)p * es, es);
-                buf[p - start] = 0.0f;
-            }
+        take_channels(src, es, start, m, hidden, chans, nch, outl, buf, sizeof(float));
         if (block) fwht_blocks(buf, ROW, block, scale); /* the zero padding transforms to zeros */
-        encode_row(buf, kind, bits, out + r * row_bytes, code_bytes);
+        encode_row(buf, kind, bits, orow, code_bytes);
     }
     return 0;
 }
