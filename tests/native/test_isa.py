@@ -67,6 +67,7 @@ def _i8_outputs(lib):
     p4 = from_float(torch.randn(50, 333), "w4a4", group=64, n_outliers=13, act_clip=0.9)
     p8 = from_float(torch.randn(50, 301), "w8a8")
     w4, w8 = w4a4.prepare(p4, "gemm"), w8a8.prepare(p8, "gemm")
+    perm = torch.randperm(333)
     for t in (1, 7, 13, 50):  # 50: AMX tiles for both where the build has them
         x = torch.randn(t, 333) * 3
         out.append(i8_gemm.run_codes(i8_gemm.act_codes(x, 13, w4.normal, 4, 0.9, lib), w4.normal, w4.outlier, lib))
@@ -75,6 +76,9 @@ def _i8_outputs(lib):
         xb = x.bfloat16()  # one call to bfloat16 output: the rounding in the vector width of each build
         out.append(i8_gemm.linear(xb, w4.args, 50, keep_bf16=True, lib=lib))
         out.append(i8_gemm.linear(xb[:, :301], w8.args, 50, keep_bf16=True, lib=lib))
+        # read through a permutation: each build's gathers (16 / 8 lanes, the last token's row alone)
+        out.append(i8_gemm.linear(xb, w4.args, 50, perm, keep_bf16=True, lib=lib))
+        out.append(i8_gemm.linear(x, w4.args, 50, perm, lib=lib))
     out.append(i8_gemm.round_bf16(bf16_edge_values(), lib).view(torch.int16))  # NaN bits compared too
     return out
 

@@ -361,19 +361,21 @@ int i8_gemm_linear(const uint8_t *w, int nibbles, const float *sw, int32_t zero,
     const int64_t k = n_in - n;
     const size_t esz = x_bf16 ? 2 : 4;
     void *xg = perm ? malloc((size_t)(t * n_in) * esz) : NULL;
+    int32_t *perm32 = perm ? malloc((size_t)n_in * sizeof(int32_t)) : NULL; /* the gathers' index width */
     int16_t *xq = malloc((size_t)(t * kp + t * k + 1) * sizeof(int16_t));
     float *sx = malloc((size_t)(t * ng + t) * sizeof(float));
     int32_t *xsum = malloc((size_t)(t * ng) * sizeof(int32_t));
     int rc = -1;
-    if ((perm && !xg) || !xq || !sx || !xsum) goto done;
+    if ((perm && (!xg || !perm32)) || !xq || !sx || !xsum) goto done;
+    for (int64_t j = 0; perm && j < n_in; j++) perm32[j] = (int32_t)perm[j];
     int16_t *oq = xq + t * kp;
     float *osx = sx + t * ng;
-    struct act_sym_job J = {.x = x, .bf16 = x_bf16, .bits = bits, .half = half, .perm = perm, .xg = xg, .t = t,
+    struct act_sym_job J = {.x = x, .bf16 = x_bf16, .bits = bits, .half = half, .perm = perm32, .xg = xg, .t = t,
                             .n_in = n_in, .n = n, .group = group, .ng = ng, .kp = kp, .block = PREP_TOKENS,
                             .clip = clip, .xq = xq, .oq = oq, .sx = sx, .osx = osx, .xsum = xsum};
     rc = i8_gemm_to(w, nibbles, sw, zero, out, kp, group, ng, xq, sx, t, k ? wo : NULL, swo, kpo, oq, k, osx, &J, y,
                     y_bf16, threads);
 done:
-    free(xg), free(xq), free(sx), free(xsum);
+    free(xg), free(perm32), free(xq), free(sx), free(xsum);
     return rc;
 }
