@@ -40,7 +40,7 @@ from lowbit.nn.quant_linear import QuantLinear, QuantLinearLayout
 from lowbit.vllm_plugin.plan import NAME, Plan, PluginError, check_model_type, norm_renames, plan_from_meta
 
 log = init_logger("vllm.lowbit_plugin")  # under vLLM's logger, so its handlers print it
-_ANNOUNCED: set[tuple[str, str]] = set()
+_ANNOUNCED: set = set()  # (kind, kernel) pairs and "fold": what the log has said once
 SHARD_INDEX = {"q": 0, "k": 1, "v": 2}
 
 
@@ -48,6 +48,7 @@ class LowbitConfig(QuantizationConfig):
     def __init__(self, plan: Plan):
         super().__init__()
         self.plan = plan
+        self.methods: dict[str, LowbitLinearMethod] = {}  # prefix -> its method, for layers that meet
 
     def get_name(self) -> str:
         return NAME
@@ -104,7 +105,8 @@ class LowbitConfig(QuantizationConfig):
             found = self.plan.layer(prefix, get_tensor_model_parallel_rank())
             if found is None:
                 return UnquantizedLinearMethod() if isinstance(layer, LinearBase) else None
-            return LowbitLinearMethod(prefix, *found)
+            self.methods[prefix] = LowbitLinearMethod(prefix, *found, siblings=self.methods)
+            return self.methods[prefix]
         if isinstance(layer, VocabParallelEmbedding):
             return None
         return None
@@ -126,8 +128,11 @@ def _row_starts(layer: torch.nn.Module, rows: list[int]) -> list[int]:
 
 
 class LowbitLinearMethod(LinearMethodBase):
-    def __init__(self, prefix: str, layout: QuantLinearLayout, sizes: list[int]):
+    def __init__(self, prefix: str, layout: QuantLinearLayout, sizes: list[int],
+                 siblings: dict[str, "LowbitLinearMethod"] | None = None):
         self.prefix, self.layout, self.sizes = prefix, layout, sizes
+        self.siblings = {} if siblings is None else siblings
+        self.layer, self.input_folded = None, False
 
     def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int, output_partition_sizes: list[int],
                        input_size: int, output_size: int, params_dtype: torch.dtype, **extra_weight_attrs):
@@ -139,7 +144,7 @@ class LowbitLinearMethod(LinearMethodBase):
         if not starts or any(s < 0 or s + r > full for s, r, full in zip(starts, rows, self.sizes)):
             raise PluginError(f"{self.prefix}: vLLM splits this layer's outputs as {rows} on this rank, which the "
                               f"checkpoint's parts of {self.sizes} rows cannot give (a padded vocabulary?)")
-        self.rows, self.starts = rows, starts
+        self.rows, self.starts, self.layer = rows, starts, layer
         ql = QuantLinear(replace(lay, out_features=sum(rows)))
         layer.__dict__["_lowbit_module"] = ql  # not a submodule: vLLM sees only the parameters below
         for name, buf in ql.named_buffers():
@@ -164,10 +169,33 @@ class LowbitLinearMethod(LinearMethodBase):
 
         return load
 
+    def _fold_down_input_order(self, ql: QuantLinear) -> None:
+        """gate_up_proj's rows reordered by down_proj's input permutation P, when both are lowbit's:
+        vLLM's SiLU-and-multiply works channel by channel on the gate and up halves, so its output
+        is then down_proj's input already in P's order (the same values), and down_proj reads it
+        without a gather. Only before down_proj is prepared (vLLM prepares a MLP's gate_up first)."""
+        head, _, proj = self.prefix.rpartition(".")
+        down = self.siblings.get(f"{head}.down_proj") if proj == "gate_up_proj" else None
+        if down is None or down.layer is None or "_lowbit_module" not in down.layer.__dict__:
+            return
+        perm = down.layer.__dict__["_lowbit_module"].input_perm
+        if perm is None or self.rows != [perm.numel()] * 2:
+            return
+        w = perm.numel()
+        for name, buf in ql.named_buffers():
+            if name != "input_perm":  # every other buffer is indexed by output row
+                for half in (buf[:w], buf[w:]):
+                    half.copy_(half[perm])
+        down.input_folded = True
+        if "fold" not in _ANNOUNCED:
+            _ANNOUNCED.add("fold")
+            log.info("lowbit plugin: down_proj's input order folded into gate_up_proj's rows (first: %s)", self.prefix)
+
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         ql = layer.__dict__.pop("_lowbit_module")
+        self._fold_down_input_order(ql)
         # the input reorder goes with the prepared weights: W4A4's kernel reads x through it (no gather pass)
-        perm = None if ql.input_perm is None else ql.input_perm.clone()
+        perm = None if ql.input_perm is None or self.input_folded else ql.input_perm.clone()
         prepared = prepare(from_quant_linear(ql), "cpu", input_perm=perm)
         layer.lowbit_handle = ops.register(prepared, owner=layer, nan_rows=True)  # vLLM's warm-up feeds garbage
         for name, _ in list(ql.named_buffers()):

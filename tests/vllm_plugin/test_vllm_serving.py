@@ -184,6 +184,8 @@ def test_plugin_serves_every_format_as_lowbit_does(served, monkeypatch):
         if not re.search(rf"lowbit plugin: {kind} linears run on lowbit's cpu:\w+ kernel .*threads: {threads}\)", log):
             problems.append(f"the engine log does not say that {kind} linears ran on lowbit's native kernels "
                             f"with threads {threads}")
+    if "lowbit plugin: down_proj's input order folded into gate_up_proj's rows" not in log:  # W4A4's reorder
+        problems.append("W4A4's down_proj input order was not folded into gate_up_proj's rows")
     for rank in range(TP_WORLD):  # every rank ran lowbit's kernels
         if not re.search(rf"Worker_TP{rank} .*lowbit plugin: w4a4 linears run on lowbit's cpu:", log):
             problems.append(f"tensor-parallel worker {rank} does not say that it ran lowbit's kernels")
