@@ -5,9 +5,10 @@ builds them), where each input permutation lives, and every reason to refuse the
 Everything the plugin cannot run is refused here, so vLLM fails while loading, never at a
 request: kernels without a lowbit CPU path (FP4 grids, FP16 outliers, float "linears" of
 activation-only schemes, asymmetric activations), mixture-of-experts, norms other than a decoder
-layer's two, and a tensor-parallel size other than the one the checkpoint was quantized for. The INT4 KV cache is the one thing served differently:
-vLLM's paged cache holds one dtype per element, not lowbit's packed codes with a scale and zero
-per token and head, so the plugin serves with vLLM's own cache dtype and says so.
+layer's two, and a tensor-parallel size other than the one the checkpoint was quantized for. The
+INT4 KV cache is the one thing served differently: vLLM's paged cache holds one dtype per element,
+not lowbit's packed codes with a scale and zero per token and head, so the plugin serves with
+vLLM's own cache dtype and says so.
 
 Where the reorder goes: lowbit folds each decoder layer's input permutation into its two norms
 (:class:`lowbit.nn.PermutedNorm`); vLLM's Llama uses its own fused add+RMSNorm, so the plugin

@@ -324,6 +324,10 @@ static inline int packed_code(const uint8_t *row, int bits, int64_t j) {
     return bits == 8 ? row[j] : (row[j >> 1] >> ((j & 1) * 4)) & 15;
 }
 
+/* Where value j of a row of g sits in the order the SIMD loops read a split 4-bit row: its even
+ * values first, then its odd ones (split 0: j itself). */
+static inline int64_t split_slot(int64_t j, int64_t g, int split) { return split ? (j & 1) * (g / 2) + j / 2 : j; }
+
 struct attn_packed_args {
     const float *q;
     struct packed_side k, v;
@@ -418,7 +422,7 @@ static void attn_packed_item(const void *ctx, int64_t it) {
             float t = 0.f;
             for (int64_t j = 0; j < g; j++) t += q[c * g + j];
             qsum[c] = t;
-            for (int64_t j = 0; j < g; j++) qs[c * g + (split ? (j & 1) * (g / 2) + j / 2 : j)] = q[c * g + j];
+            for (int64_t j = 0; j < g; j++) qs[c * g + split_slot(j, g, split)] = q[c * g + j];
         }
         for (int64_t l = 0; l < L; l++) {
             float sc = 0.f;
@@ -444,7 +448,7 @@ static void attn_packed_item(const void *ctx, int64_t it) {
             }
         const float inv = 1.0f / sum;
         for (int64_t c = 0; c < per; c++)
-            for (int64_t j = 0; j < g; j++) o[c * g + j] = acc[c * g + (split ? (j & 1) * (g / 2) + j / 2 : j)] * inv;
+            for (int64_t j = 0; j < g; j++) o[c * g + j] = acc[c * g + split_slot(j, g, split)] * inv;
     }
     free(scores);
 }

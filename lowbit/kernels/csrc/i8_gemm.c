@@ -356,8 +356,7 @@ int i8_gemm_linear(const uint8_t *w, int nibbles, const float *sw, int32_t zero,
                    int64_t n, int bits, float clip, int half, const int64_t *perm, const void *x, int x_bf16, int64_t t,
                    void *y, int y_bf16, int threads) {
     if (t <= 0) return 0;
-    for (int64_t j = 0; perm && j < n_in; j++)
-        if (perm[j] < 0 || perm[j] >= n_in) return -3;
+    if (perm && n_in > INT32_MAX) return -3; /* the gathers take int32 indices */
     const int64_t k = n_in - n;
     const size_t esz = x_bf16 ? 2 : 4;
     void *xg = perm ? malloc((size_t)(t * n_in) * esz) : NULL;
@@ -367,7 +366,13 @@ int i8_gemm_linear(const uint8_t *w, int nibbles, const float *sw, int32_t zero,
     int32_t *xsum = malloc((size_t)(t * ng) * sizeof(int32_t));
     int rc = -1;
     if ((perm && (!xg || !perm32)) || !xq || !sx || !xsum) goto done;
-    for (int64_t j = 0; perm && j < n_in; j++) perm32[j] = (int32_t)perm[j];
+    for (int64_t j = 0; perm && j < n_in; j++) { /* checked and narrowed in one pass */
+        if (perm[j] < 0 || perm[j] >= n_in) {
+            rc = -3;
+            goto done;
+        }
+        perm32[j] = (int32_t)perm[j];
+    }
     int16_t *oq = xq + t * kp;
     float *osx = sx + t * ng;
     struct act_sym_job J = {.x = x, .bf16 = x_bf16, .bits = bits, .half = half, .perm = perm32, .xg = xg, .t = t,

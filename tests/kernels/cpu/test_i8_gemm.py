@@ -166,6 +166,20 @@ def test_one_call_linear_equals_codes_then_gemm_with_a_permutation(out, n, k, gr
     assert torch.equal(i8_gemm.linear(x.reshape(13, 1, n + k), st.args, out, perm), want.reshape(13, 1, out))
 
 
+def test_a_permutation_index_outside_the_input_is_refused_by_the_c_call():
+    """The C call checks every index before its gathers read through them (a wrong one would read
+    outside the input): ValueError, in this build and the portable one, for either bound."""
+    p = from_float(torch.randn(32, 160), "w4a4", group=64, n_outliers=16, act_clip=0.9)
+    st = w4a4.prepare(p, "gemm")
+    x = torch.randn(3, 160).bfloat16()
+    for bad in (160, -1):
+        perm = torch.randperm(160)
+        perm[7] = bad
+        for lib in (None, _portable()):
+            with pytest.raises(ValueError, match=r"index outside \[0, 160\)"):
+                i8_gemm.linear(x, st.args, 32, perm, keep_bf16=True, lib=lib)
+
+
 def test_bf16_output_of_amx_tiles_is_torch_rounding_of_the_float32_output():
     """Calls of many tokens (AMX tiles where the build has them, vector tiles elsewhere) write
     bfloat16 straight from their float32 sums: the same bits as rounding the float32 output with
