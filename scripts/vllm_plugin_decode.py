@@ -11,8 +11,9 @@ test windows, 64 new tokens, no early stop; decode tok/s = batch x 63 / (time fo
 for 1 token), medians of the repeats; ratios are against vLLM on the float model (``float``) when it
 ran (``--formats`` picks engines). All engines run in ``--dtype`` (bf16 by default; float32 is the
 faster float where the CPU has no AVX512_BF16 and vLLM's bf16 linears fall back to torch's
-``F.linear``), eager (``enforce_eager=True``). Each
-decode step is split into vLLM's linear layers (every ``apply``: lowbit's op with its input gather,
+``F.linear``), eager (``enforce_eager=True``), or with ``--compiled`` as vLLM serves by default
+(its compiled graph; then nothing can time the linears apart and only whole steps are reported). Each
+eager decode step is split into vLLM's linear layers (every ``apply``: lowbit's op with its input gather,
 vLLM's own GEMMs, the LM head) and the rest (attention, norms, sampling, scheduling), timed the same
 way: ms per step = (median time for 64 tokens - median for 1) / 63.
 Run it with lowbit's own environment (``.venv/bin/python``: it makes the checkpoints with
@@ -42,7 +43,7 @@ ENGINES = {"float": ("float", {}), "w4a4": ("w4a4", {"quantization": "lowbit"}),
 DEFAULT = ["float", "w4a4", "w4a16"]
 
 
-def _checkpoints(work: Path):
+def _checkpoints(work: Path, n_prompts: int):
     from lowbit.bench.vllm_exports import export_for_vllm, quantize_for_vllm
     from lowbit.checkpoint import load_model, save_quantized
     from lowbit.data import calibration_ids
@@ -66,7 +67,10 @@ def _checkpoints(work: Path):
             model = quantize_for_vllm(base, fmt, calibration_ids(tok, 2, 128))
             save_quantized(model, out / "lowbit", tok)
             export_for_vllm(model, tok, out / "compressed-tensors")
-    return eval_windows(tok, "wikitext2", PROMPT, 16)
+    prompts = eval_windows(tok, "wikitext2", PROMPT, n_prompts)
+    if len(prompts) < n_prompts:  # never a batch silently made of fewer prompts than it says
+        raise SystemExit(f"WikiText-2 gives {len(prompts)} prompts of {PROMPT} tokens, fewer than batch {n_prompts}")
+    return prompts
 
 
 def main() -> None:
@@ -78,18 +82,20 @@ def main() -> None:
     ap.add_argument("--formats", nargs="+", choices=list(ENGINES), default=DEFAULT)
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
                     help="every engine's dtype (float32 is the faster float on CPUs without AVX512_BF16)")
+    ap.add_argument("--compiled", action="store_true",
+                    help="vLLM's default compiled graph instead of eager (whole steps only: no linears split)")
     args = ap.parse_args()
     from lowbit.bench.vllm_engine import find_python
     from lowbit.io.atomic import write_json
     from lowbit.vllm_plugin.runner import run
 
     args.work.mkdir(parents=True, exist_ok=True)
-    prompts = _checkpoints(args.work)[: max(args.batches)].tolist()
+    prompts = _checkpoints(args.work, max(args.batches)).tolist()
     engines = {n: ENGINES[n][1] for n in args.formats}
     folders = {n: ENGINES[n][0] for n in args.formats}
     job = {"kind": "decode", "prompts": prompts, "batches": args.batches, "new": NEW, "repeats": args.repeats,
-           "split": True}
-    req = {"engines": [{"llm": {"model": str(args.work / folders[n]), "dtype": args.dtype, "enforce_eager": True,
+           "split": not args.compiled}
+    req = {"engines": [{"llm": {"model": str(args.work / folders[n]), "dtype": args.dtype, "enforce_eager": not args.compiled,
                                 "max_model_len": PROMPT + NEW + 8, "max_num_seqs": max(args.batches), **kw},
                         "jobs": [job]} for n, kw in engines.items()]}
     result = run(req, timeout=3000, python=find_python())
@@ -97,19 +103,26 @@ def main() -> None:
     for name, eng in zip(engines, result["engines"]):
         for r in eng["jobs"][0]["rows"]:
             step = statistics.median(r["total_s"]) - statistics.median(r["prefill_s"])
-            lin = statistics.median(r["total_linear_s"]) - statistics.median(r["prefill_linear_s"])
-            rows.append({"format": name, "batch": r["batch"], "decode_tok_s": r["batch"] * (NEW - 1) / step,
-                         "step_ms": 1e3 * step / (NEW - 1), "linear_ms": 1e3 * lin / (NEW - 1),
-                         "rest_ms": 1e3 * (step - lin) / (NEW - 1), **r})
+            row = {"format": name, "batch": r["batch"], "decode_tok_s": r["batch"] * (NEW - 1) / step,
+                   "step_ms": 1e3 * step / (NEW - 1), **r}
+            if not args.compiled:
+                lin = statistics.median(r["total_linear_s"]) - statistics.median(r["prefill_linear_s"])
+                row.update(linear_ms=1e3 * lin / (NEW - 1), rest_ms=1e3 * (step - lin) / (NEW - 1))
+            rows.append(row)
     base = {r["batch"]: r["decode_tok_s"] for r in rows if r["format"] == "float"}
-    print(f"| format ({args.dtype}) | " + " | ".join(f"batch {b} tok/s (vs vLLM float); ms/step: linears + rest"
-                                                   for b in args.batches) + " |")
+    what = "ms/step" if args.compiled else "ms/step: linears + rest"
+    print(f"| format ({args.dtype}, {'compiled' if args.compiled else 'eager'}) | "
+          + " | ".join(f"batch {b} tok/s (vs vLLM float); {what}" for b in args.batches) + " |")
     for name in engines:
         cells = [f"{r['decode_tok_s']:.1f} ({r['decode_tok_s'] / base[r['batch']] if base else float('nan'):.2f}x); "
-                 f"{r['linear_ms']:.1f} + {r['rest_ms']:.1f}" for r in rows if r["format"] == name]
+                 + (f"{r['step_ms']:.1f}" if args.compiled else f"{r['linear_ms']:.1f} + {r['rest_ms']:.1f}")
+                 for r in rows if r["format"] == name]
         print(f"| {name} | " + " | ".join(cells) + " |")
     if args.json:
-        write_json(args.json, {"vllm": result["vllm"], "dtype": args.dtype, "rows": rows})
+        from lowbit.bench.machine import report
+
+        write_json(args.json, {"vllm": result["vllm"], "dtype": args.dtype, "compiled": args.compiled,
+                               "machine": report(), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -49,6 +49,8 @@ def _decode(llm, sp, job):
         from lowbit.vllm_plugin.linear_timer import LinearTimer
     rows = []
     for b in job["batches"]:
+        if b > len(job["prompts"]):  # a batch of fewer prompts than it says would time another batch
+            raise ValueError(f"decode batch {b} needs {b} prompts, the job gives {len(job['prompts'])}")
         prompts = _rows(job["prompts"][:b])
         llm.generate(prompts, sp(max_tokens=2, temperature=0.0, ignore_eos=True), use_tqdm=False)  # warm
         times, linear = {}, {}
