@@ -71,7 +71,8 @@ def _run(args) -> int:
 
     from . import machine
     from .report import write_json
-    from .serve_engines import lowbit_points, vllm_points
+    from .serve_engines import VllmServer, lowbit_points, vllm_points
+    from .serve_rounds import interleaved_points
     from .serve_formats import Source
     from .serve_requests import build_requests, describe
     from .serve_server import ServerFailed
@@ -129,13 +130,47 @@ def _run(args) -> int:
             return
         add(engine, fmt, pts)
 
+    def interleaved(ckpts: dict) -> None:
+        """``--rounds``: every format's server at once, the levels driven in turn (:mod:`.serve_rounds`)."""
+        servers = {f.name: VllmServer(python, f, ckpts[f.name].vllm, requests, counts, args,
+                                      logs / f"vllm-{f.name}.log") for f in formats}
+
+        def fail(name: str, e: Exception) -> None:
+            failed[f"vllm/{name}"] = str(e)
+            console.print(f"vllm/{name} FAILED (the other formats go on; serve.json has the log's tail): "
+                          f"{str(e).splitlines()[0]}", highlight=False)
+
+        started = {}
+        try:
+            for name, server in servers.items():
+                console.print(f"{name}: vllm serve ({python}), kept up for {args.rounds} rounds", highlight=False)
+                try:
+                    server.start()
+                    started[name] = server
+                except ServerFailed as e:
+                    fail(name, e)
+                    meta_engines[f"vllm/{name}"] = server.stop()
+            pts = interleaved_points(started, args.concurrency, args.rounds, fail, lambda name, r, p: console.print(
+                f"  round {r + 1}/{args.rounds} vllm {name} concurrency {p['concurrency']}: {p['output_tok_s']:.1f} "
+                f"output tok/s, {p['requests']} requests in {p['wall_s']:.1f} s", highlight=False))
+        finally:
+            for name, server in started.items():
+                meta_engines[f"vllm/{name}"] = server.stop()
+        for fmt in formats:
+            if pts.get(fmt.name):
+                add("vllm", fmt, pts[fmt.name])
+
     looped: dict[Path, str] = {}  # lowbit folder -> the format whose lowbit rows ran on it
     with tempfile.TemporaryDirectory(prefix="lowbit-serve-") as tmp:
+        ckpts = {f.name: f.make(source, Path(tmp) / f.name) for f in formats} if args.rounds > 1 else {}
+        if ckpts:
+            interleaved(ckpts)
         for fmt in formats:
-            ckpt = fmt.make(source, Path(tmp) / fmt.name)
-            console.print(f"{fmt.name}: vllm serve ({python})", highlight=False)
-            measure("vllm", fmt, lambda: vllm_points(python, fmt, ckpt.vllm, requests, counts, args,
-                                                     logs / f"vllm-{fmt.name}.log"))
+            ckpt = ckpts.get(fmt.name) or fmt.make(source, Path(tmp) / fmt.name)
+            if not ckpts:
+                console.print(f"{fmt.name}: vllm serve ({python})", highlight=False)
+                measure("vllm", fmt, lambda: vllm_points(python, fmt, ckpt.vllm, requests, counts, args,
+                                                         logs / f"vllm-{fmt.name}.log"))
             if "lowbit" in engines and ckpt.lowbit in looped:  # plugin-w4a16 after w4a16: the same checkpoint
                 meta_engines[f"lowbit/{fmt.name}"] = {"same_checkpoint_as": f"lowbit/{looped[ckpt.lowbit]}"}
             elif "lowbit" in engines and ckpt.lowbit is not None:

@@ -51,40 +51,65 @@ def _get_json(url: str) -> dict:
         return json.loads(r.read())
 
 
+class VllmServer:
+    """``vllm serve`` on ``folder``, started (``start()``: healthy, warmed by one short request),
+    then driven one concurrency level at a time (``level(c)``: one point), then stopped. Several can
+    run at once, so that ``--rounds`` interleaves the formats level by level."""
+
+    def __init__(self, python: str, fmt, folder: Path, requests: list[dict], counts: dict[int, int], args,
+                 log: Path) -> None:
+        self.fmt, self.requests, self.counts, self.args = fmt, requests, counts, args
+        self.port = free_port(HOST)
+        max_len = max(len(r["prompt_ids"]) + r["max_tokens"] for r in requests) + 8
+        self.argv = vllm_argv(python, folder, self.port, fmt.name, max_len, max(args.concurrency), args.eager,
+                              fmt.vllm_args)
+        ops_path = log.with_name(log.stem + "-op-stats.json")  # written by lowbit's op, plugin formats only
+        ops_path.unlink(missing_ok=True)
+        env = vllm_env(args.threads, args.kv_cache_gib, fmt.vllm_env | {"LOWBIT_OP_STATS": str(ops_path)})
+        self.server = ServerProcess(self.argv, log, env, name=f"vllm serve ({fmt.name})")
+        self.steps = StepCounter(f"http://{HOST}:{self.port}/metrics", ops_path)
+        self.meta = {"argv": self.argv[1:], "log": str(log)}
+
+    def start(self) -> None:
+        from .serve_client import drive
+
+        self.server.start()
+        self.meta["ready_s"] = self.server.wait_healthy(f"http://{HOST}:{self.port}/health", self.args.start_timeout)
+        self.meta["vllm"] = _get_json(f"http://{HOST}:{self.port}/version").get("version")
+        with PeakTreeRSS(self.server.proc.pid) as idle:  # one short request first: the server's lazy set-up
+            _check(self.server, 0, drive(HOST, self.port, self.fmt.name, [dict(self.requests[0], max_tokens=2)], 1,
+                                         600, self.args.request_timeout))
+        self.meta["idle_rss_bytes"] = idle.peak
+
+    def level(self, c: int) -> dict:
+        from .serve_client import drive
+
+        self.steps.before()
+        with PeakTreeRSS(self.server.proc.pid) as mem:
+            res = drive(HOST, self.port, self.fmt.name, self.requests[: self.counts[c]], c, self.args.budget,
+                        self.args.request_timeout)
+        split = self.steps.after(res["wall_s"])
+        self.server.seen_pids |= mem.pids
+        _check(self.server, c, res)
+        return {"concurrency": c, **summarize(res["records"], res["wall_s"]), "unsent": res["unsent"],
+                "peak_rss_bytes": mem.peak, **split}
+
+    def stop(self) -> dict:
+        """Stops the server's process tree (also after a failure); its meta."""
+        self.meta["exit_code"] = self.server.stop()
+        self.meta["pids"] = sorted(self.server.seen_pids)
+        return self.meta
+
+
 def vllm_points(python: str, fmt, folder: Path, requests: list[dict], counts: dict[int, int], args,
                 log: Path) -> tuple[list[dict], dict]:
     """Start ``vllm serve`` on ``folder``, wait until healthy, run every concurrency level, stop it."""
-    from .serve_client import drive
-
-    port = free_port(HOST)
-    max_len = max(len(r["prompt_ids"]) + r["max_tokens"] for r in requests) + 8
-    argv = vllm_argv(python, folder, port, fmt.name, max_len, max(args.concurrency), args.eager, fmt.vllm_args)
-    ops_path = log.with_name(log.stem + "-op-stats.json")  # written by lowbit's op, plugin formats only
-    ops_path.unlink(missing_ok=True)
-    env = vllm_env(args.threads, args.kv_cache_gib, fmt.vllm_env | {"LOWBIT_OP_STATS": str(ops_path)})
-    server = ServerProcess(argv, log, env, name=f"vllm serve ({fmt.name})")
-    steps = StepCounter(f"http://{HOST}:{port}/metrics", ops_path)
-    points, meta = [], {"argv": argv[1:], "log": str(log)}
-    server.start()
+    server = VllmServer(python, fmt, folder, requests, counts, args, log)
     try:
-        meta["ready_s"] = server.wait_healthy(f"http://{HOST}:{port}/health", args.start_timeout)
-        meta["vllm"] = _get_json(f"http://{HOST}:{port}/version").get("version")
-        with PeakTreeRSS(server.proc.pid) as idle:  # one short request first: the server's lazy set-up
-            _check(server, 0, drive(HOST, port, fmt.name, [dict(requests[0], max_tokens=2)], 1, 600,
-                                    args.request_timeout))
-        meta["idle_rss_bytes"] = idle.peak
-        for c in args.concurrency:
-            steps.before()
-            with PeakTreeRSS(server.proc.pid) as mem:
-                res = drive(HOST, port, fmt.name, requests[: counts[c]], c, args.budget, args.request_timeout)
-            split = steps.after(res["wall_s"])
-            server.seen_pids |= mem.pids
-            _check(server, c, res)
-            points.append({"concurrency": c, **summarize(res["records"], res["wall_s"]), "unsent": res["unsent"],
-                           "peak_rss_bytes": mem.peak, **split})
+        server.start()
+        points = [server.level(c) for c in args.concurrency]
     finally:
-        meta["exit_code"] = server.stop()
-        meta["pids"] = sorted(server.seen_pids)
+        meta = server.stop()
     return points, meta
 
 

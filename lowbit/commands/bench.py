@@ -182,6 +182,10 @@ def _serve(kinds) -> None:
     p.add_argument("--new-min", type=positive_int, default=8, help="shortest output, tokens")
     p.add_argument("--new-max", type=positive_int, default=128, help="longest output, tokens (log-uniform in between)")
     p.add_argument("--seed", type=nonneg_int, default=0, help="fixes the requests' texts and lengths")
+    p.add_argument("--rounds", type=positive_int, default=1,
+                   help="N > 1: every format's vLLM server up at once (memory: one server each) and each level "
+                        "driven N times, the formats in turn in a rotating order, so that a drifting machine moves "
+                        "them alike; each level reports its median round (default 1: one server after another)")
     p.add_argument("--budget", type=positive_float, default=300.0, help="seconds per level after which no request is sent")
     p.add_argument("--request-timeout", type=positive_float, default=900.0, help="seconds one request may take")
     p.add_argument("--start-timeout", type=positive_float, default=1200.0, help="seconds `vllm serve` may take to be healthy")

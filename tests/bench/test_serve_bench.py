@@ -248,6 +248,52 @@ def test_a_failing_format_is_recorded_and_the_others_still_run(tmp_path, monkeyp
     assert (out / "serve.png").stat().st_size > 0
 
 
+def test_rounds_keep_every_server_up_and_record_one_that_fails_to_start(tmp_path, monkeypatch):
+    """--rounds 2: the servers start first, a failed start is recorded with its log's tail, the
+    others are driven level by level twice in turn and all are stopped; the exit code is 1."""
+    from lowbit.bench import serve_engines, vllm_engine
+
+    events = []
+
+    class FakeServer:
+        def __init__(self, python, fmt, folder, requests, counts, args, log):
+            self.name, self.counts = fmt.name, counts
+
+        def start(self):
+            events.append(("start", self.name))
+            if self.name == "bf16":
+                raise ServerFailed("vllm serve (bf16) exited with code 1 before it was healthy; its log ends:\nboom")
+
+        def level(self, c):
+            events.append(("level", self.name, c))
+            return {"concurrency": c, "requests": self.counts[c], "failed": 0, "output_tokens": 9,
+                    "output_tok_s": float(len(events)), "wall_s": 3.0, "ttft_p50_ms": 1.0, "ttft_p99_ms": 2.0,
+                    "itl_p50_ms": 1.0, "itl_p99_ms": 2.0, "peak_rss_bytes": 1 << 20}
+
+        def stop(self):
+            events.append(("stop", self.name))
+            return {"stopped": self.name}
+
+    monkeypatch.setattr(vllm_engine, "find_python", lambda: "python")
+    monkeypatch.setattr(vllm_engine, "unsupported_reason", lambda fmt, python: None)
+    monkeypatch.setattr(serve_engines, "VllmServer", FakeServer)
+    out = tmp_path / "o"
+    rc = main(["bench", "serve", "--formats", "bf16,w8a8,plugin-w8a8", "--concurrency", "1,2", "--requests", "2",
+               "--calib", "1x32", "--vllm-only", "--rounds", "2", "--out", str(out)])  # one quantization for both
+    assert rc == 1
+    p8 = "plugin-w8a8"
+    assert events[:4] == [("start", "bf16"), ("stop", "bf16"), ("start", "w8a8"), ("start", p8)]
+    assert [e[1:] for e in events if e[0] == "level"] == [("w8a8", 1), (p8, 1), (p8, 1), ("w8a8", 1),
+                                                          ("w8a8", 2), (p8, 2), (p8, 2), ("w8a8", 2)]
+    assert sorted(e for e in events if e[0] == "stop") == [("stop", "bf16"), ("stop", p8), ("stop", "w8a8")]
+    data = json.loads((out / "serve.json").read_text())
+    assert list(data["meta"]["failed"]) == ["vllm/bf16"] and "boom" in data["meta"]["failed"]["vllm/bf16"]
+    assert data["meta"]["engines"]["vllm/w8a8"] == {"stopped": "w8a8"}
+    rows = {(r["format"], r["concurrency"]): r for r in data["rows"]}
+    assert set(rows) == {(f, c) for f in ("w8a8", p8) for c in (1, 2)}
+    assert all(len(r["rounds_output_tok_s"]) == 2 for r in rows.values())
+
+
 @pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # quantize, start `vllm serve` (eager) and lowbit's loop, on two shared cores
@@ -264,7 +310,7 @@ def test_serve_small_real_run(tmp_path):
     fmt = "plugin-w4a16"
     rc = main(["bench", "serve", "--formats", fmt, "--concurrency", "1,2", "--requests", "2",
                "--prompt-max", "16", "--new-min", "2", "--new-max", "4", "--calib", "1x32", "--eager",
-               "--out", str(tmp_path)])
+               "--rounds", "2", "--out", str(tmp_path)])
     assert rc == 0
     data = json.loads((tmp_path / "serve.json").read_text())
     rows = data["rows"]
@@ -273,6 +319,8 @@ def test_serve_small_real_run(tmp_path):
     for r in rows:
         assert r["requests"] == 2 and r["failed"] == 0 and r["output_tokens"] >= 4 and r["output_tok_s"] > 0
         assert r["ttft_p50_ms"] > 0 and r["itl_p50_ms"] is not None and r["peak_rss_bytes"] > 100 << 20
+        if r["engine"] == "vllm":  # --rounds 2: the server driven twice per level, the median round kept
+            assert len(r["rounds_output_tok_s"]) == 2 and r["output_tok_s"] == min(r["rounds_output_tok_s"])
     for r in rows:  # the step split: vLLM's step counter, lowbit's op timing itself in the engine process
         if r["engine"] == "vllm":
             assert r["steps"] >= 2 and r["tokens_per_step"] >= 1 and r["step_ms"] > 0  # prefill + a decode
