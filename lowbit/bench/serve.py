@@ -117,16 +117,20 @@ def _run(args) -> int:
         _finish_rows(rows, order)
         write_json(args.out / "serve.json", {"meta": meta | {"complete": False}, "rows": rows})  # so far
 
+    def record_failure(key: str, e: ServerFailed) -> None:
+        """A server that failed: its error (the log's tail) into serve.json; the others still run."""
+        failed[key] = str(e)
+        console.print(f"{key} FAILED (the other formats go on; serve.json has the log's tail): "
+                      f"{str(e).splitlines()[0]}", highlight=False)
+        write_json(args.out / "serve.json", {"meta": meta | {"complete": False}, "rows": rows})
+
     def measure(engine: str, fmt, points) -> None:
         """One engine on one format; a server that fails is recorded and the others still run."""
         key = f"{engine}/{fmt.name}"
         try:
             pts, meta_engines[key] = points()
         except ServerFailed as e:
-            failed[key] = str(e)
-            console.print(f"{key} FAILED (the other formats go on; serve.json has the log's tail): "
-                          f"{str(e).splitlines()[0]}", highlight=False)
-            write_json(args.out / "serve.json", {"meta": meta | {"complete": False}, "rows": rows})
+            record_failure(key, e)
             return
         add(engine, fmt, pts)
 
@@ -135,10 +139,8 @@ def _run(args) -> int:
         servers = {f.name: VllmServer(python, f, ckpts[f.name].vllm, requests, counts, args,
                                       logs / f"vllm-{f.name}.log") for f in formats}
 
-        def fail(name: str, e: Exception) -> None:
-            failed[f"vllm/{name}"] = str(e)
-            console.print(f"vllm/{name} FAILED (the other formats go on; serve.json has the log's tail): "
-                          f"{str(e).splitlines()[0]}", highlight=False)
+        def fail(name: str, e: ServerFailed) -> None:
+            record_failure(f"vllm/{name}", e)
 
         started = {}
         try:
@@ -162,12 +164,13 @@ def _run(args) -> int:
 
     looped: dict[Path, str] = {}  # lowbit folder -> the format whose lowbit rows ran on it
     with tempfile.TemporaryDirectory(prefix="lowbit-serve-") as tmp:
-        ckpts = {f.name: f.make(source, Path(tmp) / f.name) for f in formats} if args.rounds > 1 else {}
-        if ckpts:
+        interleave = args.rounds > 1  # every checkpoint first, then every server at once
+        ckpts = {f.name: f.make(source, Path(tmp) / f.name) for f in formats} if interleave else {}
+        if interleave:
             interleaved(ckpts)
         for fmt in formats:
-            ckpt = ckpts.get(fmt.name) or fmt.make(source, Path(tmp) / fmt.name)
-            if not ckpts:
+            ckpt = ckpts[fmt.name] if interleave else fmt.make(source, Path(tmp) / fmt.name)
+            if not interleave:
                 console.print(f"{fmt.name}: vllm serve ({python})", highlight=False)
                 measure("vllm", fmt, lambda: vllm_points(python, fmt, ckpt.vllm, requests, counts, args,
                                                          logs / f"vllm-{fmt.name}.log"))

@@ -11,6 +11,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+from .serve_client import drive
 from .serve_server import PeakTreeRSS, ServerProcess, free_port
 from .serve_stats import summarize
 from .serve_steps import StepCounter
@@ -64,7 +65,7 @@ class VllmServer:
         self.port = free_port(HOST)
         max_len = max(len(r["prompt_ids"]) + r["max_tokens"] for r in requests) + 8
         self.argv = vllm_argv(python, folder, self.port, fmt.name, max_len, max(args.concurrency), args.eager,
-                              fmt.vllm_args, getattr(args, "prefix_caching", False))
+                              fmt.vllm_args, args.prefix_caching)
         ops_path = log.with_name(log.stem + "-op-stats.json")  # written by lowbit's op, plugin formats only
         ops_path.unlink(missing_ok=True)
         env = vllm_env(args.threads, args.kv_cache_gib, fmt.vllm_env | {"LOWBIT_OP_STATS": str(ops_path)})
@@ -73,8 +74,6 @@ class VllmServer:
         self.meta = {"argv": self.argv[1:], "log": str(log)}
 
     def start(self) -> None:
-        from .serve_client import drive
-
         self.server.start()
         self.meta["ready_s"] = self.server.wait_healthy(f"http://{HOST}:{self.port}/health", self.args.start_timeout)
         self.meta["vllm"] = _get_json(f"http://{HOST}:{self.port}/version").get("version")
@@ -84,8 +83,6 @@ class VllmServer:
         self.meta["idle_rss_bytes"] = idle.peak
 
     def level(self, c: int) -> dict:
-        from .serve_client import drive
-
         self.steps.before()
         with PeakTreeRSS(self.server.proc.pid) as mem:
             res = drive(HOST, self.port, self.fmt.name, self.requests[: self.counts[c]], c, self.args.budget,
