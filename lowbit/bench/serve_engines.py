@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 from .serve_client import drive
-from .serve_server import PeakTreeRSS, ServerProcess, free_port
+from .serve_server import PeakTreeRSS, ServerProcess, cpu_split, free_port, tree_cpu
 from .serve_stats import summarize
 from .serve_steps import StepCounter
 
@@ -84,14 +84,16 @@ class VllmServer:
 
     def level(self, c: int) -> dict:
         self.steps.before()
+        cpu0 = tree_cpu(self.server.proc.pid)
         with PeakTreeRSS(self.server.proc.pid) as mem:
             res = drive(HOST, self.port, self.fmt.name, self.requests[: self.counts[c]], c, self.args.budget,
                         self.args.request_timeout)
+        cpu, cpu_threads = cpu_split(cpu0, tree_cpu(self.server.proc.pid))
         split = self.steps.after(res["wall_s"])
         self.server.seen_pids |= mem.pids
         _check(self.server, c, res)
         return {"concurrency": c, **summarize(res["records"], res["wall_s"]), "unsent": res["unsent"],
-                "peak_rss_bytes": mem.peak, **split}
+                "peak_rss_bytes": mem.peak, "cpu_s": cpu, "cpu_threads_s": cpu_threads, **split}
 
     def stop(self) -> dict:
         """Stops the server's process tree (also after a failure); its meta."""

@@ -89,6 +89,17 @@ def register_format(fmt: ServeFormat) -> ServeFormat:
     return fmt
 
 
+def register_variant(base: str, suffix: str, env: dict[str, str]) -> ServeFormat:
+    """``<base>-<suffix>``: format ``base`` (its checkpoint, made once per run, and its vLLM
+    arguments) served with ``env`` added to its server's environment, so one run can compare
+    settings such as ``LOWBIT_THREADS`` side by side (``scripts/serve_thread_modes.py``)."""
+    if base not in FORMATS:
+        raise KeyError(f"no serve format {base!r}: choose from {', '.join(FORMATS)}")
+    b = FORMATS[base]
+    about = f"{b.about}; with {' '.join(f'{k}={v}' for k, v in env.items())}"
+    return register_format(ServeFormat(f"{base}-{suffix}", b.make, b.vllm_args, b.vllm_env | env, about))
+
+
 register_format(ServeFormat("bf16", _float, about="the float model, served in bf16 by vLLM's own linears"))
 register_format(ServeFormat("w8a8", _exported("w8a8"),
                             about="lowbit W8A8 (SmoothQuant, RTN) exported to compressed-tensors int-quantized: vLLM's own INT8 kernel"))

@@ -1,5 +1,6 @@
 """A benchmarked process tree: started in its own session, health-checked with a time limit, its
-resident memory sampled, and stopped as a whole process group so nothing outlives the benchmark.
+resident memory sampled, its CPU time split by process, and stopped as a whole process group so
+nothing outlives the benchmark.
 
 ``vllm serve`` forks an engine-core process (and more with parallelism); the tree's memory is the
 sum of every member's RSS (shared pages such as the mapped weights count once per process that
@@ -59,6 +60,42 @@ def tree_rss(pid: int) -> tuple[int, list[int]]:
         except psutil.Error:
             pass
     return total, pids
+
+
+def tree_cpu(pid: int) -> dict[int, tuple[str, dict[int, float]]]:
+    """{pid: (name, {thread id: CPU seconds so far, user + system})} of ``pid`` and its descendants;
+    processes that vanish mid-walk are skipped."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root] + root.children(recursive=True)
+    except psutil.Error:
+        return {}
+    out = {}
+    for p in procs:
+        try:
+            out[p.pid] = ("server" if p.pid == pid else p.name(), {t.id: t.user_time + t.system_time for t in p.threads()})
+        except psutil.Error:
+            pass
+    return out
+
+
+def cpu_split(before: dict, after: dict, min_thread_s: float = 0.05) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """CPU seconds the tree used between two :func:`tree_cpu` samples, by process name (vLLM names
+    its engine core and workers; the root is ``server``), largest first, and each name's threads
+    that used ``min_thread_s`` or more, largest first (a kernel library's own pool shows up as a
+    thread beside the OpenMP team's). A process or thread started in between counts from zero; one
+    gone by ``after`` is not counted."""
+    procs: dict[str, float] = {}
+    threads: dict[str, list[float]] = {}
+    for pid, (name, ts) in after.items():
+        old = before.get(pid, (name, {}))[1]
+        used = [t - old.get(tid, 0.0) for tid, t in ts.items()]
+        procs[name] = procs.get(name, 0.0) + sum(used)
+        threads.setdefault(name, []).extend(round(u, 3) for u in used if u >= min_thread_s)
+    order = sorted(procs, key=lambda n: -procs[n])
+    return {n: round(procs[n], 3) for n in order}, {n: sorted(threads[n], reverse=True) for n in order}
 
 
 class PeakTreeRSS:

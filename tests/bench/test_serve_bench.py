@@ -3,7 +3,11 @@ stop with no leftovers, errors), the request list, and, where the vLLM environme
 tiny real run of ``vllm serve`` and lowbit's loop."""
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,7 +17,7 @@ import pytest
 from lowbit.bench.serve import request_counts
 from lowbit.bench.serve_client import drive
 from lowbit.bench.serve_requests import build_requests, describe
-from lowbit.bench.serve_server import PeakTreeRSS, ServerFailed, ServerProcess, free_port
+from lowbit.bench.serve_server import PeakTreeRSS, ServerFailed, ServerProcess, cpu_split, free_port, tree_cpu
 from lowbit.bench.serve_stats import percentile, summarize
 from lowbit.bench.vllm_engine import VLLMFailed, VLLMUnavailable, find_python, run_worker, vllm_kernels
 from lowbit.cli import main
@@ -54,6 +58,35 @@ def test_client_streams_and_the_server_tree_stops(tmp_path):
     point = summarize(res["records"], res["wall_s"])
     assert point["output_tokens"] == 25 and point["failed"] == 0 and point["output_tok_s"] == 25 / res["wall_s"]
     assert point["ttft_p50_ms"] <= point["ttft_p99_ms"] and point["itl_p50_ms"] >= 5
+
+
+def test_cpu_time_is_split_by_process_of_the_tree():
+    """A parent that sleeps and a child that spins 0.4 s of CPU between the samples: the child's
+    CPU is counted under its name, the root's as ``server``, and a process that appears in between
+    counts from zero."""
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\ntime.sleep(60)\n"
+    parent = f"import subprocess, sys, time\ntime.sleep(0.5)\nsubprocess.run([sys.executable, '-c', {spin!r}])\n"
+    proc = subprocess.Popen([sys.executable, "-c", parent], start_new_session=True)
+    try:
+        before = tree_cpu(proc.pid)
+        assert list(before) == [proc.pid] and before[proc.pid][0] == "server"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # until the child has spun (it then sleeps)
+            after = tree_cpu(proc.pid)
+            if len(after) == 2 and max(sum(ts.values()) for n, ts in after.values() if n != "server") >= 0.4:
+                break
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(60)
+    used, threads = cpu_split(before, after)
+    child = [n for n in used if n != "server"]
+    assert len(child) == 1 and 0.4 <= used[child[0]] < 1.5, used  # counted from zero: it began after `before`
+    assert 0 <= used["server"] < used[child[0]] and list(used) == child + ["server"]  # largest first
+    assert len(threads[child[0]]) == 1 and threads[child[0]][0] >= 0.4  # its one thread; the root's idle ones left out
+    assert all(t >= 0.05 for t in threads["server"])
+    assert cpu_split(after, {}) == ({}, {})  # a tree gone by the second sample: nothing counted
+    assert tree_cpu(proc.pid) == {}  # an exited process: no tree
 
 
 def test_a_server_that_ignores_sigterm_is_killed_with_its_child(tmp_path):
@@ -195,6 +228,22 @@ def test_plugin_formats_serve_the_lowbit_checkpoint_the_exports_come_from(tmp_pa
         assert "--no-enable-prefix-caching" not in vllm_argv("python", Path("m"), 1, name, 64, 1, True, (), True)
 
 
+def test_a_format_variant_serves_the_same_checkpoint_with_more_environment():
+    from lowbit.bench.serve import _formats
+    from lowbit.bench.serve_formats import FORMATS, register_variant
+
+    try:
+        v = register_variant("plugin-w4a4", "omp", {"LOWBIT_THREADS": "omp"})
+        base = FORMATS["plugin-w4a4"]
+        assert v.name == "plugin-w4a4-omp" and v.make is base.make and v.vllm_args == base.vllm_args
+        assert v.vllm_env == base.vllm_env | {"LOWBIT_THREADS": "omp"} and "LOWBIT_THREADS=omp" in v.about
+        assert _formats("w8a8,plugin-w4a4-omp") == [FORMATS["w8a8"], v]  # --formats can name it
+        with pytest.raises(KeyError, match="no serve format 'w5a5'"):
+            register_variant("w5a5", "omp", {})
+    finally:
+        FORMATS.pop("plugin-w4a4-omp", None)
+
+
 def test_a_python_without_vllm_is_named(monkeypatch, tmp_path, capsys):
     try:
         import vllm  # noqa: F401
@@ -321,6 +370,8 @@ def test_serve_small_real_run(tmp_path):
     for r in rows:
         assert r["requests"] == 2 and r["failed"] == 0 and r["output_tokens"] >= 4 and r["output_tok_s"] > 0
         assert r["ttft_p50_ms"] > 0 and r["itl_p50_ms"] is not None and r["peak_rss_bytes"] > 100 << 20
+        if r["engine"] == "vllm":  # the level's CPU by process: the API server and vLLM's engine process
+            assert len(r["cpu_s"]) >= 2 and "server" in r["cpu_s"] and sum(r["cpu_s"].values()) > 0, r["cpu_s"]
         if r["engine"] == "vllm":  # --rounds 2: the server driven twice per level, the median round kept
             assert len(r["rounds_output_tok_s"]) == 2 and r["output_tok_s"] == min(r["rounds_output_tok_s"])
     for r in rows:  # the step split: vLLM's step counter, lowbit's op timing itself in the engine process
