@@ -212,9 +212,9 @@ def test_plugin_serves_every_format_as_lowbit_does(served, monkeypatch):
     log = served[1]["log"]
     for kind in ("w4a4", "w4a16", "w8a16", "w8a8"):  # w8a16: the w4a16 preset's INT8 LM head
         # a CPU method of lowbit's (native GEMV or batched gemm, as dispatch picks here), never reference
-        # threads: lowbit's default (auto: torch's OpenMP team while it answers), or what the suite's
-        # environment asks for
-        threads = os.environ.get("LOWBIT_THREADS") if os.environ.get("LOWBIT_THREADS") in ("omp", "pool") else "auto"
+        # threads: what the plugin sets in vLLM's processes (omp: torch's OpenMP team), or what the
+        # suite's environment asks for
+        threads = os.environ.get("LOWBIT_THREADS") if os.environ.get("LOWBIT_THREADS") in ("auto", "pool") else "omp"
         if not re.search(rf"lowbit plugin: {kind} linears run on lowbit's cpu:\w+ kernel .*threads: {threads}\)", log):
             problems.append(f"the engine log does not say that {kind} linears ran on lowbit's native kernels "
                             f"with threads {threads}")
