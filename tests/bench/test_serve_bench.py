@@ -61,10 +61,10 @@ def test_client_streams_and_the_server_tree_stops(tmp_path):
 
 
 def test_cpu_time_is_split_by_process_of_the_tree():
-    """A parent that sleeps and a child that spins 0.4 s of CPU between the samples: the child's
+    """A parent that sleeps and a child that spins 0.6 s of CPU between the samples: the child's
     CPU is counted under its name, the root's as ``server``, and a process that appears in between
-    counts from zero."""
-    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\ntime.sleep(60)\n"
+    counts from zero. (/proc counts CPU in clock ticks: the checks stay below the spin.)"""
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\ntime.sleep(60)\n"
     parent = f"import subprocess, sys, time\ntime.sleep(0.5)\nsubprocess.run([sys.executable, '-c', {spin!r}])\n"
     proc = subprocess.Popen([sys.executable, "-c", parent], start_new_session=True)
     try:
@@ -81,7 +81,7 @@ def test_cpu_time_is_split_by_process_of_the_tree():
         proc.wait(60)
     used, threads = cpu_split(before, after)
     child = [n for n in used if n != "server"]
-    assert len(child) == 1 and 0.4 <= used[child[0]] < 1.5, used  # counted from zero: it began after `before`
+    assert len(child) == 1 and 0.4 <= used[child[0]] < 2.0, used  # counted from zero: it began after `before`
     assert 0 <= used["server"] < used[child[0]] and list(used) == child + ["server"]  # largest first
     assert len(threads[child[0]]) == 1 and threads[child[0]][0] >= 0.4  # its one thread; the root's idle ones left out
     assert all(t >= 0.05 for t in threads["server"])
