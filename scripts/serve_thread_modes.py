@@ -21,10 +21,10 @@ MODES = ("auto", "omp", "pool")
 
 def variant_formats(plugin: list[str], modes: list[str]) -> list[str]:
     """Register ``<format>-<mode>`` for every plugin format and mode; their names."""
-    from lowbit.bench.serve_formats import FORMATS, register_variant
+    from lowbit.bench.serve_formats import FORMATS, PLUGIN, register_variant
 
     for name in plugin:
-        if name not in FORMATS or "--quantization" not in FORMATS[name].vllm_args:
+        if name not in FORMATS or FORMATS[name].vllm_args != PLUGIN:
             raise SystemExit(f"--plugin {name}: not one of lowbit's plugin formats")
     for mode in modes:
         if mode not in MODES:

@@ -43,17 +43,23 @@ def log_tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
     return data[-chars:].decode("utf-8", "replace")
 
 
-def tree_rss(pid: int) -> tuple[int, list[int]]:
-    """(sum of RSS bytes, pids) of ``pid`` and all its descendants; processes that vanish mid-walk are skipped."""
+def _tree(pid: int) -> list:
+    """``pid``'s process and all its descendants (psutil), [] once it is gone."""
     import psutil
 
     try:
         root = psutil.Process(pid)
-        procs = [root] + root.children(recursive=True)
+        return [root] + root.children(recursive=True)
     except psutil.Error:
-        return 0, []
+        return []
+
+
+def tree_rss(pid: int) -> tuple[int, list[int]]:
+    """(sum of RSS bytes, pids) of ``pid`` and all its descendants; processes that vanish mid-walk are skipped."""
+    import psutil
+
     total, pids = 0, []
-    for p in procs:
+    for p in _tree(pid):
         try:
             total += p.memory_info().rss
             pids.append(p.pid)
@@ -67,13 +73,8 @@ def tree_cpu(pid: int) -> dict[int, tuple[str, dict[int, float]]]:
     processes that vanish mid-walk are skipped."""
     import psutil
 
-    try:
-        root = psutil.Process(pid)
-        procs = [root] + root.children(recursive=True)
-    except psutil.Error:
-        return {}
     out = {}
-    for p in procs:
+    for p in _tree(pid):
         try:
             out[p.pid] = ("server" if p.pid == pid else p.name(), {t.id: t.user_time + t.system_time for t in p.threads()})
         except psutil.Error:

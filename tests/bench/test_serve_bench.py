@@ -370,9 +370,10 @@ def test_serve_small_real_run(tmp_path):
     for r in rows:
         assert r["requests"] == 2 and r["failed"] == 0 and r["output_tokens"] >= 4 and r["output_tok_s"] > 0
         assert r["ttft_p50_ms"] > 0 and r["itl_p50_ms"] is not None and r["peak_rss_bytes"] > 100 << 20
-        if r["engine"] == "vllm":  # the level's CPU by process: the API server and vLLM's engine process
+        if r["engine"] == "vllm":
+            # the level's CPU by process: the API server and vLLM's engine process
             assert len(r["cpu_s"]) >= 2 and "server" in r["cpu_s"] and sum(r["cpu_s"].values()) > 0, r["cpu_s"]
-        if r["engine"] == "vllm":  # --rounds 2: the server driven twice per level, the median round kept
+            # --rounds 2: the server driven twice per level, the median round kept
             assert len(r["rounds_output_tok_s"]) == 2 and r["output_tok_s"] == min(r["rounds_output_tok_s"])
     for r in rows:  # the step split: vLLM's step counter, lowbit's op timing itself in the engine process
         if r["engine"] == "vllm":
