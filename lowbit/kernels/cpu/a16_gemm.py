@@ -3,9 +3,10 @@ arithmetic (:mod:`.w4_gemv`, :mod:`.w8_gemv`) over register tiles of 4 tokens x 
 3 x 8 with AVX2), each weight vector unpacked once per tile instead of once per token and row;
 from 8 tokens on AMX CPUs, int8 tiles over each int16 code's two bytes (``csrc/a16_amx.h``).
 bfloat16 calls of many tokens multiply the weight unpacked to bfloat16, as GPU W4A16 kernels and
-llama.cpp's batched path do: on AMX-BF16 CPUs in C on bfloat16 tiles (``csrc/a16_amx_bf16.h``,
-:data:`AMX_BF16_TOKENS`), and from :data:`BF16_MIN_TOKENS` (or the tiles' upper end) with torch's
-bfloat16 matmul on CPUs that have one (:func:`run`): a token's bits then depend on its call's
+llama.cpp's batched path do: in C on AMX-BF16 tiles (``csrc/a16_amx_bf16.h``, :data:`AMX_BF16_TOKENS`)
+or, on AVX512_BF16 CPUs without them, with its dot products (``csrc/a16_dpbf16.h``,
+:data:`DPBF16_TOKENS`), and from :data:`BF16_MIN_TOKENS` (or the tiles' upper end) with torch's
+bfloat16 matmul on other CPUs that have one (:func:`run`): a token's bits then depend on its call's
 size.
 
 Activations are rounded to int16 per group exactly as the GEMVs round them, and each (token, row,
@@ -47,6 +48,15 @@ BF16_MIN_TOKENS = {True: 128, False: 256}
 # 0.90-1.24x the matmul path over the same five shapes (two runs; 1 thread 1.06-1.32x), at 768
 # 0.71-1.32x (4096² 0.72-0.78x)
 AMX_BF16_TOKENS = {True: (32, 640), False: (128, 640)}
+# bfloat16 calls of this many tokens and more, W4A16 / W8A16, run on AVX512_BF16 dot products where
+# the build has them and no AMX-BF16 tiles (dpbf16). Side by side, 2 threads, AMD Zen 4, interleaved
+# medians of 7, the default model's four shapes and 4096² (scripts/a16_bf16_paths.py;
+# docs/measurements/a16_bf16_paths_{w4a16,w8a16}_epyc_zen4_2026-12-05.json), W4A16 / W8A16: against
+# the exact int16 tiles 0.88-1.24x / 0.90-1.24x at 16 tokens, 0.99-1.43x / 0.99-1.32x at 32, 1.04-1.58x
+# / 1.04-1.53x at 64, 1.05-1.94x / 1.13-1.83x from 128 on; against the weight unpacked into memory and
+# torch's matmul 1.11-1.43x / 1.10-1.46x at 512 and 2048 tokens (1.3-3.7x below), so no upper end
+DPBF16_TOKENS = {True: 32, False: 32}
+NO_END = 1 << 62
 W8_BLOCK = 256  # W8A16's activation blocks, as the 8-bit GEMV's (its int32 sums cannot overflow)
 
 
@@ -57,6 +67,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.a16_gemm_simd.restype = ci
     lib.a16_gemm_amx.restype = ci
     lib.a16_gemm_amx_bf16.restype = ci
+    lib.a16_gemm_dpbf16.restype = ci
     lib.a16_gemm_bf16_linear.argtypes = lib.a16_gemm_linear.argtypes
     lib.a16_gemm_bf16_linear.restype = ci
     lib.a16_gemm_dequant.argtypes = [vp, ci, vp, vp, i64, i64, i64, i64, i64, i64, vp, ci]
@@ -89,6 +100,23 @@ def amx_bf16(lib: ctypes.CDLL | None = None) -> bool:
     multiplied as they are, float32 sums."""
     lib = lib or library()
     return lib is not None and bool(lib.a16_gemm_amx_bf16())
+
+
+def bf16_products(nibbles: bool, lib: ctypes.CDLL | None = None) -> tuple[int, int] | None:
+    """The tokens [lo, hi) of the bfloat16 calls this build multiplies as bfloat16 in C: AMX-BF16
+    tiles (:data:`AMX_BF16_TOKENS`), else AVX512_BF16 dot products (:data:`DPBF16_TOKENS`, no end);
+    None where it has neither."""
+    if amx_bf16(lib):
+        return AMX_BF16_TOKENS[nibbles]
+    return (DPBF16_TOKENS[nibbles], NO_END) if dpbf16(lib) else None
+
+
+def dpbf16(lib: ctypes.CDLL | None = None) -> bool:
+    """Whether this build runs bfloat16 calls of :data:`DPBF16_TOKENS` tokens with AVX512_BF16 dot
+    products (``csrc/a16_dpbf16.h``), where there are no AMX-BF16 tiles: the same bfloat16 weight
+    values as the tiles, float32 sums, kept in L2 per work item instead of unpacked into memory."""
+    lib = lib or library()
+    return lib is not None and bool(lib.a16_gemm_dpbf16()) and not amx_bf16(lib)
 
 
 @dataclass
@@ -188,16 +216,17 @@ def _weight_scratch(shape: tuple[int, int]) -> torch.Tensor:
 
 
 def _bf16_tiles(x: torch.Tensor, w: A16Panels, lib: ctypes.CDLL) -> torch.Tensor:
-    """bfloat16 ``x [..., in]`` → bfloat16 ``[..., out]`` (plus bias) on the AMX-BF16 tiles."""
+    """bfloat16 ``x [..., in]`` → bfloat16 ``[..., out]`` (plus bias) on bfloat16 products in C: the
+    AMX-BF16 tiles, or the AVX512_BF16 dot products."""
     a16_linear.check_input(x, w.n_in, "a16 gemm kernel")
     x = x.contiguous()
     y = torch.empty(*x.shape[:-1], w.args[4], dtype=torch.bfloat16)
     rc = lib.a16_gemm_bf16_linear(*w.args, x.data_ptr(), 1, x.numel() // w.n_in, y.data_ptr(), 1,
                                   torch.get_num_threads())
     if rc < 0:
-        raise MemoryError("a16 gemm kernel: out of memory for its bfloat16 tiles")
+        raise MemoryError("a16 gemm kernel: out of memory for its bfloat16 weight")
     if rc:
-        raise KernelError("a16 gemm kernel: the AMX-BF16 tiles it reported could not run")
+        raise KernelError("a16 gemm kernel: the bfloat16 products it reported could not run")
     y = y[..., :w.out] if w.args[4] != w.out else y
     return y + w.bias.to(y.dtype) if w.bias is not None else y
 
@@ -206,20 +235,21 @@ def run(x: torch.Tensor, w: A16Panels, lib: ctypes.CDLL | None = None) -> torch.
     """``x [..., in]`` (float32 or bfloat16; others are converted to float32) → ``[..., out]`` of
     x's dtype (plus bias). Exact int16 arithmetic (the GEMVs' bits), except many-token bfloat16
     calls, which multiply the bfloat16 weight (:func:`dequantize_bf16`'s values) as bfloat16 models
-    do: on AMX-BF16 tiles in C for :data:`AMX_BF16_TOKENS` where the build has them
-    (:func:`amx_bf16`), else with torch's bfloat16 matmul from :data:`BF16_MIN_TOKENS` (or the
-    tiles' upper end) on CPUs with bfloat16 matmuls. Per value the weight's rounding to bfloat16
-    (2^-9 relative) instead of the activations' int16 one, float32 sums: within 2^-8·Σ|x·w| +
-    2^-126·Σ|w| (the tiles read subnormal inputs as zero) + the output's rounding (tested)."""
+    do: in C on AMX-BF16 tiles for :data:`AMX_BF16_TOKENS` or with AVX512_BF16 dot products from
+    :data:`DPBF16_TOKENS` (:func:`bf16_products`), else with torch's bfloat16 matmul from
+    :data:`BF16_MIN_TOKENS` (or the tiles' upper end) on CPUs with bfloat16 matmuls. Per value the
+    weight's rounding to bfloat16 (2^-9 relative) instead of the activations' int16 one, float32
+    sums: within 2^-8·Σ|x·w| + 2^-126·Σ|w| (subnormal inputs read as zero) + the output's rounding
+    (tested)."""
     lib = _built(lib)
     bf16 = isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16
-    lo, hi = AMX_BF16_TOKENS[w.nibbles]
-    # asked only for calls that could take the tiles (below lo neither they nor the matmul run):
-    # a decode step's calls make no extra crossing into C
-    tiles = bf16 and x.numel() >= lo * w.n_in and amx_bf16(lib)
-    if tiles and lo * w.n_in <= x.numel() < hi * w.n_in:
+    # asked only for calls that could take them (below neither they nor the matmul run): a decode
+    # step's calls make no extra crossing into C
+    few = min(AMX_BF16_TOKENS[w.nibbles][0], DPBF16_TOKENS[w.nibbles]) * w.n_in
+    span = bf16_products(w.nibbles, lib) if bf16 and x.numel() >= few else None
+    if span and span[0] * w.n_in <= x.numel() < span[1] * w.n_in:
         return _bf16_tiles(x, w, lib)
-    if bf16 and x.numel() >= (hi if tiles else BF16_MIN_TOKENS[w.nibbles]) * w.n_in and bf16_matmul_native():
+    if bf16 and x.numel() >= (span[1] if span else BF16_MIN_TOKENS[w.nibbles]) * w.n_in and bf16_matmul_native():
         a16_linear.check_input(x, w.n_in, "a16 gemm kernel")  # below the threshold `call` checks
         # the weight goes into this thread's scratch, which the matmul reads and nothing keeps
         y = F.linear(x, dequantize_bf16(w, lib, _weight_scratch((w.out, w.n_in))))

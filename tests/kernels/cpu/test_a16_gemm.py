@@ -139,12 +139,13 @@ def test_weight_as_bf16_is_torchs_rounding(kind, out, n, group):
 
 @pytest.mark.parametrize("kind", ["w4", "w8"])
 def test_many_bf16_tokens_run_the_bf16_matmul(kind, monkeypatch):
-    """From BF16_MIN_TOKENS bfloat16 tokens (on CPUs with bfloat16 matmuls and no AMX-BF16 tiles;
-    forced here, the path runs anywhere) the call is torch's bfloat16 linear on the unpacked weight,
+    """From BF16_MIN_TOKENS bfloat16 tokens (on CPUs with bfloat16 matmuls and neither AMX-BF16 tiles
+    nor AVX512_BF16 dot products in the build; forced here, the path runs anywhere) the call is torch's bfloat16 linear on the unpacked weight,
     bit for bit, and within 2^-8·Σ|x·w| + the bfloat16 output's rounding of the float64 product;
     below it, and for float32 activations, the exact int16 path (the GEMVs' bits)."""
     monkeypatch.setattr(a16_gemm, "bf16_matmul_native", lambda: True)
     monkeypatch.setattr(a16_gemm, "amx_bf16", lambda lib=None: False)
+    monkeypatch.setattr(a16_gemm, "dpbf16", lambda lib=None: False)
     torch.manual_seed(7)
     p = from_float(torch.randn(48, 320), "w4a16" if kind == "w4" else "w8a16", group=64, bias=torch.randn(48))
     st = a16_gemm.prepare_w4(p) if kind == "w4" else w8a16.prepare(p, "gemm")
@@ -171,6 +172,7 @@ def test_bf16_matmul_reuses_one_weight_buffer_across_shapes(monkeypatch):
     a wrong ``out`` for the unpacking is refused."""
     monkeypatch.setattr(a16_gemm, "bf16_matmul_native", lambda: True)
     monkeypatch.setattr(a16_gemm, "amx_bf16", lambda lib=None: False)
+    monkeypatch.setattr(a16_gemm, "dpbf16", lambda lib=None: False)
     torch.manual_seed(11)
     t = a16_gemm.BF16_MIN_TOKENS[True]
     layers = [from_float(torch.randn(o, n), "w4a16", group=64) for o, n in ((48, 320), (96, 640), (16, 128))]
@@ -190,16 +192,29 @@ def _bf16_bound(x, wd, exact):
     return 2.0**-8 * (x.abs() @ wd.abs().T) + 2.0**-126 * wd.abs().sum(1) + ulp_half
 
 
-@pytest.mark.skipif(not a16_gemm.amx_bf16(), reason="no AMX-BF16 tiles in this CPU's build")
+def _products_span(nibbles: bool) -> tuple[int, int]:
+    """The token range a test of the bfloat16 products runs over: the build's, the open end cut at
+    300 tokens past the start (past DP_MIN_CHUNK twice, so a call's tokens are split into chunks)."""
+    lo, hi = a16_gemm.bf16_products(nibbles)
+    return lo, min(hi, lo + 300)
+
+
+NO_BF16_PRODUCTS = "neither AMX-BF16 tiles nor AVX512_BF16 dot products in this CPU's build"
+
+
+@pytest.mark.skipif(not a16_gemm.bf16_products(True), reason=NO_BF16_PRODUCTS)
 @pytest.mark.parametrize("kind,out,n,group", [("w4", 37, 333, 64), ("w4z", 50, 640, 64), ("w4", 64, 1024, 128),
-                                              ("w4", 48, 320, 0), ("w8", 40, 600, 0), ("w8", 33, 96, 0)])
-def test_bf16_calls_of_many_tokens_run_on_bf16_tiles(kind, out, n, group, monkeypatch):
-    """bfloat16 calls of AMX_BF16_TOKENS tokens multiply the unpacked bfloat16 weight on AMX-BF16
-    tiles: within 2^-8·Σ|x·w| + 2^-126·Σ|w| + the output's rounding of the float64 product of the
-    same bfloat16 values, at the tiles' edges (32 tokens a block, 16 rows a panel, 32 channels a
-    step, 8 steps a cache block), with bias and [..., in] shapes; one token fewer than the range,
-    and float32 calls, keep the exact int16 path (the GEMVs' bits); NaN/Inf spread as in a float
-    linear. And 1 thread or 2, the same bits (each output is one tile's sums in one order)."""
+                                              ("w4", 48, 320, 0), ("w8", 40, 600, 0), ("w8", 33, 96, 0),
+                                              ("w4", 208, 256, 64), ("w8", 80, 127, 0)])
+def test_bf16_calls_of_many_tokens_run_on_bf16_products(kind, out, n, group, monkeypatch):
+    """bfloat16 calls of bf16_products' tokens multiply the unpacked bfloat16 weight on AMX-BF16
+    tiles or AVX512_BF16 dot products: within 2^-8·Σ|x·w| + 2^-126·Σ|w| + the output's rounding of
+    the float64 product of the same bfloat16 values, at the edges of both (tiles: 32 tokens a block,
+    16 rows a panel, 32 channels a step, 8 steps a cache block; dot products: 4 tokens a tile, 1-4
+    panels a block of rows, an odd channel count, calls split into chunks of tokens), with bias and
+    [..., in] shapes; one token fewer than the range, and float32 calls, keep the exact int16 path
+    (the GEMVs' bits); NaN/Inf spread as in a float linear. And 1 thread or 2, the same bits (each
+    output is one tile's sums in one order)."""
     torch.manual_seed(out + n)
     if kind == "w8":
         p = from_float(torch.randn(out, n), "w8a16", bias=torch.randn(out))
@@ -209,7 +224,7 @@ def test_bf16_calls_of_many_tokens_run_on_bf16_tiles(kind, out, n, group, monkey
             torch.randn(out, n), "w4a16", group=group, bias=torch.randn(out))
         st, gemv, run_gemv = a16_gemm.prepare_w4(p), w4a16.prepare(p, "native"), w4a16.run
     wd = a16_gemm.dequantize_bf16(st).double()
-    lo, hi = a16_gemm.AMX_BF16_TOKENS[kind != "w8"]
+    lo, hi = _products_span(kind != "w8")
     for t in (lo, lo + 1, lo + 15, lo + 38, hi - 1):
         x = (torch.randn(t, n) * torch.linspace(0.01, 10, n)).bfloat16()
         y = a16_gemm.run(x, st)
@@ -228,14 +243,14 @@ def test_bf16_calls_of_many_tokens_run_on_bf16_tiles(kind, out, n, group, monkey
     assert torch.isnan(y[3]).all() and not torch.isfinite(y[9]).any() and torch.isfinite(y[[0, 1, 2, 4]]).all()
 
 
-@pytest.mark.skipif(not a16_gemm.amx_bf16(), reason="no AMX-BF16 tiles in this CPU's build")
-def test_bf16_tiles_read_subnormal_activations_as_zero_within_the_bound():
-    """Activations below bfloat16's normal range (AMX-BF16 reads them as zero): within the stated
-    2^-126·Σ|w| term, and exactly 0 where every activation of a token is subnormal."""
+@pytest.mark.skipif(not a16_gemm.bf16_products(True), reason=NO_BF16_PRODUCTS)
+def test_bf16_products_read_subnormal_activations_as_zero_within_the_bound():
+    """Activations below bfloat16's normal range (AMX-BF16 and VDPBF16PS read them as zero): within
+    the stated 2^-126·Σ|w| term, and exactly 0 where every activation of a token is subnormal."""
     p = from_float(torch.randn(32, 256), "w4a16", group=64)
     st = a16_gemm.prepare_w4(p)
     wd = a16_gemm.dequantize_bf16(st).double()
-    x = torch.full((a16_gemm.AMX_BF16_TOKENS[True][0], 256), 2.0**-130).bfloat16()
+    x = torch.full((a16_gemm.bf16_products(True)[0], 256), 2.0**-130).bfloat16()
     x[1] = torch.randn(256).bfloat16()
     y = a16_gemm.run(x, st).double()
     exact = x.double() @ wd.T
