@@ -20,7 +20,7 @@
 #define A16_DPBF16 1
 /* Tokens x DP_NV vectors of 16 rows: 16 accumulators, 4 weight vectors, 1 broadcast. 6 x 4 (24
  * accumulators) was no faster: as an array GCC 12 kept some on the stack, as 24 named variables
- * it was 0.97-1.0x this (2 threads, Zen 4, 4096² and the default model's shapes, 64-2048 tokens). */
+ * it ran 0.95-1.01x this (2 threads, Zen 4, 4096² and the default model's shapes, 64-2048 tokens). */
 #define DP_MR 4
 #define DP_NV 4
 
