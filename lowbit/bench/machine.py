@@ -1,5 +1,6 @@
 """The machine a measurement ran on: CPU model and features, torch's build and capability, which
-native libraries built, and the kernel each quantized kind runs by default. ``lowbit env`` prints
+native libraries built, the kernel each quantized kind runs by default, and what W4A16 / W8A16
+calls of many bfloat16 tokens run on. ``lowbit env`` prints
 it; every benchmark stores it in its JSON ``meta`` so a number always names its CPU."""
 
 from __future__ import annotations
@@ -32,4 +33,5 @@ def report() -> dict:
                     "variants": {v.name: {"runnable": isa.runnable(v), "missing": isa.missing(v)} for v in isa.VARIANTS}},
             "native": [{"name": n, "built": bool(ok()), "source": lib.src.name,
                         "variant": isa.variant_of(lib.flags) if lib.flags else None} for n, ok, lib in libs],
-            "kernels": kernels}
+            "kernels": kernels,
+            "bf16_calls": {"w4a16": a16_gemm.bf16_calls(True), "w8a16": a16_gemm.bf16_calls(False)}}

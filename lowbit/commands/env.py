@@ -56,6 +56,8 @@ def run(args) -> int:
     for kind, impl in rep["kernels"].items():
         kinds.add_row(kind, impl)
     console.print(kinds)
+    for kind, path in rep["bf16_calls"].items():
+        console.print(f"{kind}, bfloat16 calls of many tokens: {path}", highlight=False)
     if args.json:
         write_json(args.json, rep)
         console.print(f"wrote {args.json}")

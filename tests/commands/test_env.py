@@ -10,7 +10,8 @@ from lowbit.cli import main
 def test_env_reports_cpu_libraries_and_kernels(tmp_path, capsys):
     assert main(["env", "--json", str(tmp_path / "env.json")]) == 0
     rep = json.loads((tmp_path / "env.json").read_text())
-    assert rep["cpu"]["model"] in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert rep["cpu"]["model"] in out
     assert {lib["name"] for lib in rep["native"]} == {"all-reduce codecs", "4-bit linear", "8-bit linear", "decode ops",
                                                       "batched int8 linear", "batched A16 linear", "online block Hadamard"}
     assert set(rep["kernels"]) == {"w4a16", "w8a16", "w8a8", "w4a4"}
@@ -21,6 +22,14 @@ def test_env_reports_cpu_libraries_and_kernels(tmp_path, capsys):
     # a kind runs a native kernel (the GEMV or the batched one) exactly where its library built
     w4 = next(lib["built"] for lib in rep["native"] if lib["name"] == "4-bit linear")
     assert (rep["kernels"]["w4a16"] in ("cpu:native", "cpu:gemm")) == w4
+    # what many-token bf16 calls run on, by the same functions that choose it
+    from lowbit.kernels.cpu import a16_gemm
+
+    for kind, nibbles in (("w4a16", True), ("w8a16", False)):
+        path = rep["bf16_calls"][kind]
+        assert path == a16_gemm.bf16_calls(nibbles) and path in out
+        if a16_gemm.dpbf16():
+            assert path == f"AVX512_BF16 dot products from {a16_gemm.DPBF16_TOKENS[nibbles]} tokens"
 
 
 def test_a_bad_override_is_one_cli_line(monkeypatch, capsys):

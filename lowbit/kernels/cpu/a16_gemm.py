@@ -111,6 +111,23 @@ def bf16_products(nibbles: bool, lib: ctypes.CDLL | None = None) -> tuple[int, i
     return (DPBF16_TOKENS[nibbles], NO_END) if dpbf16(lib) else None
 
 
+def bf16_calls(nibbles: bool, lib: ctypes.CDLL | None = None) -> str:
+    """In words, what a bfloat16 call of many tokens runs on here (``lowbit env``, every benchmark's
+    ``meta``): the paths of :func:`run` and the token counts where each starts."""
+    lib = lib or library()
+    if lib is None:
+        return "no native kernel (no C compiler built it)"
+    matmul = "torch's bf16 matmul on the unpacked weight from {} tokens" if bf16_matmul_native() else ""
+    if amx_bf16(lib):
+        lo, hi = AMX_BF16_TOKENS[nibbles]
+        return f"AMX-BF16 tiles from {lo} tokens" + (", " + matmul.format(hi) if matmul else "")
+    if dpbf16(lib):
+        return f"AVX512_BF16 dot products from {DPBF16_TOKENS[nibbles]} tokens"
+    if matmul:
+        return matmul.format(BF16_MIN_TOKENS[nibbles])
+    return "the exact int16 tiles at every size"
+
+
 def dpbf16(lib: ctypes.CDLL | None = None) -> bool:
     """Whether this build runs bfloat16 calls of :data:`DPBF16_TOKENS` tokens with AVX512_BF16 dot
     products (``csrc/a16_dpbf16.h``), where there are no AMX-BF16 tiles: the same bfloat16 weight
