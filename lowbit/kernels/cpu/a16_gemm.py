@@ -33,10 +33,12 @@ from lowbit.kernels.linear_params import KernelError, LinearParams
 from lowbit.native.cpu_features import cpu_info
 
 PORTABLE_FLAGS = ("-O3", "-DPANEL_NO_SIMD")
-# bfloat16 calls of this many tokens run on torch's bfloat16 matmul, W4A16 / W8A16: there the weight
-# unpacked once to bfloat16 (about 0.25 ns a value on 2 threads) plus the matmul beat the integer tiles
-# (AMX Xeon, 2 threads, interleaved medians: 4096² 7.9 against 9.7 ms at 128 tokens for W4A16, 10.1
-# against 10.4 ms at 256 for W8A16, which ties at 128; 3072x576 alike)
+# bfloat16 calls of this many tokens run on torch's bfloat16 matmul, W4A16 / W8A16, in builds with
+# neither bfloat16 product path below (with AMX-BF16 tiles from their upper end; with AVX512_BF16
+# dot products never). Measured before either existed: the weight unpacked once to bfloat16 (about
+# 0.25 ns a value on 2 threads) plus the matmul beat the integer tiles (AMX Xeon, 2 threads,
+# interleaved medians: 4096² 7.9 against 9.7 ms at 128 tokens for W4A16, 10.1 against 10.4 ms at
+# 256 for W8A16, which ties at 128; 3072x576 alike)
 BF16_MIN_TOKENS = {True: 128, False: 256}
 # bfloat16 calls of [lo, hi) tokens, W4A16 / W8A16, run on AMX-BF16 tiles where the build has them
 # (amx_bf16), and from hi on the bfloat16 matmul. Side by side, 1 thread, AMX Xeon, the default
@@ -68,8 +70,8 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.a16_gemm_amx.restype = ci
     lib.a16_gemm_amx_bf16.restype = ci
     lib.a16_gemm_dpbf16.restype = ci
-    lib.a16_gemm_bf16_linear.argtypes = lib.a16_gemm_linear.argtypes
-    lib.a16_gemm_bf16_linear.restype = ci
+    for f in (lib.a16_gemm_bf16_linear, lib.a16_gemm_dpbf16_linear):
+        f.argtypes, f.restype = lib.a16_gemm_linear.argtypes, ci
     lib.a16_gemm_dequant.argtypes = [vp, ci, vp, vp, i64, i64, i64, i64, i64, i64, vp, ci]
     lib.a16_gemm_dequant.restype = None
 
@@ -232,14 +234,14 @@ def _weight_scratch(shape: tuple[int, int]) -> torch.Tensor:
     return buf[:n].view(shape)
 
 
-def _bf16_tiles(x: torch.Tensor, w: A16Panels, lib: ctypes.CDLL) -> torch.Tensor:
+def _bf16_tiles(x: torch.Tensor, w: A16Panels, lib: ctypes.CDLL, dot: bool = False) -> torch.Tensor:
     """bfloat16 ``x [..., in]`` → bfloat16 ``[..., out]`` (plus bias) on bfloat16 products in C: the
-    AMX-BF16 tiles, or the AVX512_BF16 dot products."""
+    AMX-BF16 tiles, or the AVX512_BF16 dot products (``dot``: those whatever the tiles, for tests)."""
     a16_linear.check_input(x, w.n_in, "a16 gemm kernel")
     x = x.contiguous()
     y = torch.empty(*x.shape[:-1], w.args[4], dtype=torch.bfloat16)
-    rc = lib.a16_gemm_bf16_linear(*w.args, x.data_ptr(), 1, x.numel() // w.n_in, y.data_ptr(), 1,
-                                  torch.get_num_threads())
+    fn = lib.a16_gemm_dpbf16_linear if dot else lib.a16_gemm_bf16_linear
+    rc = fn(*w.args, x.data_ptr(), 1, x.numel() // w.n_in, y.data_ptr(), 1, torch.get_num_threads())
     if rc < 0:
         raise MemoryError("a16 gemm kernel: out of memory for its bfloat16 weight")
     if rc:

@@ -5,13 +5,14 @@
  * Why: there, a many-token call used to unpack the whole weight to bfloat16 in memory and hand it
  * to torch's matmul, which packs it again; both passes go through memory, and the matmul already
  * runs near the VDPBF16PS peak, so W4A16 trailed BF16 by those passes (0.93x at 512 tokens of
- * 4096², AMD Zen 4). Here each work item unpacks its 64 rows once per call into the channel-pair
- * vectors VDPBF16PS reads (a16_bf16_pairs.h: the same bfloat16 values), kept in L2, and multiplies
- * the caller's bfloat16 activations as they are over register tiles of 4 tokens x 64 rows: float32
- * sums over the whole row, no rescale, one rounding to bfloat16 per output. The arithmetic of
- * torch's bfloat16 linear on the unpacked weight (products exact in float32, float32 sums in
- * another order; VDPBF16PS reads subnormal inputs as zero and flushes subnormal sums), so within
- * that path's bound: 2^-8 sum|x w| + 2^-126 sum|w| + the output's rounding (tested). */
+ * 4096², AMD Zen 4). Here each work item unpacks its 64 rows once per call (per chunk of
+ * tokens where a call is split, below) into the channel-pair vectors VDPBF16PS reads
+ * (a16_bf16_pairs.h: the same bfloat16 values), kept in L2, and multiplies the caller's bfloat16
+ * activations as they are over register tiles of 4 tokens x 64 rows: float32 sums over the
+ * whole row, no rescale, one rounding to bfloat16 per output. The arithmetic of torch's bfloat16
+ * linear on the unpacked weight (products exact in float32, float32 sums in another order;
+ * VDPBF16PS reads subnormal inputs as zero and flushes subnormal sums), so within that path's
+ * bound: 2^-8 sum|x w| + 2^-126 sum|w| + the output's rounding (tested). */
 #ifndef LOWBIT_A16_DPBF16_H
 #define LOWBIT_A16_DPBF16_H
 #if A16_BF16_PAIRS

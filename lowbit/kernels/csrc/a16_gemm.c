@@ -279,31 +279,45 @@ int a16_gemm_amx_bf16(void) {
 
 #include "a16_dpbf16.h"
 
-/* 1 where this build multiplies bfloat16 calls with AVX512_BF16 dot products (a16_dpbf16.h): the
- * bfloat16 path of a CPU without AMX-BF16 tiles (or whose OS refused them). */
+/* 1 where this build has the AVX512_BF16 dot products (a16_dpbf16.h): AMX builds too, where
+ * a16_gemm_bf16_linear takes them only when the OS refused the tiles (a16_gemm.py asks both). */
 int a16_gemm_dpbf16(void) { return A16_DPBF16; }
 
 /* A W4A16 / W8A16 linear on bfloat16 products: the AMX-BF16 tiles (a16_amx_bf16.h) where the build
- * has them and the OS granted tile state, else the AVX512_BF16 dot products (a16_dpbf16.h): x [t, k]
- * bfloat16 -> y [t, out] bfloat16, out a multiple of 16; the arguments as a16_gemm_linear's. Returns
- * 0; -1 out of memory; 1 where it cannot run (neither, or not bfloat16 in and out). */
-int a16_gemm_bf16_linear(const uint8_t *w, int nibbles, const float *sw, const int32_t *zw, int64_t out, int64_t kp,
-                         int64_t group, int64_t ng, int64_t k, const void *x, int x_bf16, int64_t t, void *y,
-                         int y_bf16, int threads) {
+ * has them and the OS granted tile state (unless dot: the AVX512_BF16 dot products of a16_dpbf16.h
+ * anyway, so that they are tested on AMX CPUs too), else the dot products: x [t, k] bfloat16 ->
+ * y [t, out] bfloat16, out a multiple of 16; the arguments as a16_gemm_linear's. Returns 0; -1 out
+ * of memory; 1 where it cannot run (neither in this build, or not bfloat16 in and out). */
+static int bf16_linear(int dot, const uint8_t *w, int nibbles, const float *sw, const int32_t *zw, int64_t out,
+                       int64_t kp, int64_t group, int64_t ng, int64_t k, const void *x, int x_bf16, int64_t t, void *y,
+                       int y_bf16, int threads) {
 #if A16_AMX_BF16 || A16_DPBF16
     if (!x_bf16 || !y_bf16) return 1;
     if (t <= 0) return 0;
     const struct a16_weight m = {w, sw, zw, out, kp, group, ng, nibbles};
 #if A16_AMX_BF16
-    if (amx_ready()) return a16_bf16_run(&m, k, x, t, y, threads);
+    if (!dot && amx_ready()) return a16_bf16_run(&m, k, x, t, y, threads);
 #endif
 #if A16_DPBF16
     return a16_dpbf16_run(&m, k, x, t, y, threads);
 #endif
 #endif
-    (void)w, (void)nibbles, (void)sw, (void)zw, (void)out, (void)kp, (void)group, (void)ng, (void)k, (void)x;
-    (void)x_bf16, (void)t, (void)y, (void)y_bf16, (void)threads;
+    (void)dot, (void)w, (void)nibbles, (void)sw, (void)zw, (void)out, (void)kp, (void)group, (void)ng, (void)k;
+    (void)x, (void)x_bf16, (void)t, (void)y, (void)y_bf16, (void)threads;
     return 1;
+}
+
+int a16_gemm_bf16_linear(const uint8_t *w, int nibbles, const float *sw, const int32_t *zw, int64_t out, int64_t kp,
+                         int64_t group, int64_t ng, int64_t k, const void *x, int x_bf16, int64_t t, void *y,
+                         int y_bf16, int threads) {
+    return bf16_linear(0, w, nibbles, sw, zw, out, kp, group, ng, k, x, x_bf16, t, y, y_bf16, threads);
+}
+
+/* The AVX512_BF16 dot products whatever the tiles (the tests' entry point); 1 where the build lacks them. */
+int a16_gemm_dpbf16_linear(const uint8_t *w, int nibbles, const float *sw, const int32_t *zw, int64_t out,
+                           int64_t kp, int64_t group, int64_t ng, int64_t k, const void *x, int x_bf16, int64_t t,
+                           void *y, int y_bf16, int threads) {
+    return bf16_linear(1, w, nibbles, sw, zw, out, kp, group, ng, k, x, x_bf16, t, y, y_bf16, threads);
 }
 
 static void a16_gemm_codes(const void *ctx, const int16_t *xq, const float *sx, const int32_t *xsum, int64_t t,

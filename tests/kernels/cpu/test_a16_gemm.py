@@ -193,10 +193,10 @@ def _bf16_bound(x, wd, exact):
 
 
 def _products_span(nibbles: bool) -> tuple[int, int]:
-    """The token range a test of the bfloat16 products runs over: the build's, the open end cut at
-    300 tokens past the start (past DP_MIN_CHUNK twice, so a call's tokens are split into chunks)."""
+    """The token range a test of the bfloat16 products runs over: the build's, an open end (the dot
+    products) cut at 300 tokens past the start (past DP_MIN_CHUNK twice, so a call is split)."""
     lo, hi = a16_gemm.bf16_products(nibbles)
-    return lo, min(hi, lo + 300)
+    return lo, hi if hi != a16_gemm.NO_END else lo + 300
 
 
 NO_BF16_PRODUCTS = "neither AMX-BF16 tiles nor AVX512_BF16 dot products in this CPU's build"
@@ -234,13 +234,37 @@ def test_bf16_calls_of_many_tokens_run_on_bf16_products(kind, out, n, group, mon
         assert ((y.double() - ref).abs() <= _bf16_bound(x.double(), wd, exact) + 2.0**-8 * ref.abs()).all()  # + bias rounding
         assert torch.equal(a16_gemm.run(x.reshape(1, t, n), st), y.reshape(1, t, out))
     x = (torch.randn(lo, n) * 3).bfloat16()
+    assert torch.equal(a16_gemm.run(x, st), a16_gemm._bf16_tiles(x, st, a16_gemm.library()))  # routed there
     assert torch.equal(a16_gemm.run(x[:-1], st), run_gemv(x[:-1], gemv))  # below the range: exact path
     assert torch.equal(a16_gemm.run(x.float(), st), run_gemv(x.float(), gemv))  # float32: exact path
     assert_same_for_thread_counts(lambda: a16_gemm.run(x, st), a16_gemm.run(x, st))
+    xs = (torch.randn(hi - 1, n) * 3).bfloat16()  # split into chunks on more threads (dot products)
+    assert_same_for_thread_counts(lambda: a16_gemm.run(xs, st), a16_gemm.run(xs, st))
     bad = x.clone()
     bad[3, 5], bad[9, 0] = float("nan"), float("inf")
     y = a16_gemm.run(bad, st)
     assert torch.isnan(y[3]).all() and not torch.isfinite(y[9]).any() and torch.isfinite(y[[0, 1, 2, 4]]).all()
+
+
+@pytest.mark.skipif(not (a16_gemm.available() and a16_gemm.library().a16_gemm_dpbf16()),
+                    reason="no AVX512_BF16 dot products in this CPU's build")
+@pytest.mark.parametrize("kind,out,n", [("w4", 80, 333), ("w8", 208, 128), ("w4", 64, 1024)])
+def test_the_dot_products_themselves_on_any_bf16_cpu(kind, out, n):
+    """The AVX512_BF16 dot products called directly (on AMX CPUs the tiles take run()'s calls, so
+    this is where they are tested there): within the bfloat16 bound at 1-4 token tiles, blocks of
+    1-4 panels, an odd channel count and calls split into chunks, the same bits for 1-3 threads."""
+    torch.manual_seed(out + n)
+    w = torch.randn(out, n)
+    p = from_float(w, "w4a16", group=64) if kind == "w4" else from_float(w, "w8a16")
+    st = a16_gemm.prepare_w4(p) if kind == "w4" else w8a16.prepare(p, "gemm")
+    wd = a16_gemm.dequantize_bf16(st).double()
+    lib = a16_gemm.library()
+    for t in (1, 3, 6, 97, 250):
+        x = (torch.randn(t, n) * torch.linspace(0.01, 10, n)).bfloat16()
+        y = a16_gemm._bf16_tiles(x, st, lib, dot=True)
+        exact = x.double() @ wd.T
+        assert ((y.double() - exact).abs() <= _bf16_bound(x.double(), wd, exact)).all()
+        assert_same_for_thread_counts(lambda: a16_gemm._bf16_tiles(x, st, lib, dot=True), y)
 
 
 @pytest.mark.skipif(not a16_gemm.bf16_products(True), reason=NO_BF16_PRODUCTS)
