@@ -33,7 +33,7 @@ def paths(w: torch.Tensor, kind: str) -> dict:
                                                        st.bias, x, "a16 gemm kernel"),
            "unpack+matmul": lambda x: F.linear(x, a16_gemm.dequantize_bf16(st, lib, a16_gemm._weight_scratch((st.out, st.n_in))))}
     if a16_gemm.bf16_products(st.nibbles, lib):
-        out["bf16 products"] = lambda x: a16_gemm._bf16_tiles(x, st, lib)
+        out["bf16 products"] = lambda x: a16_gemm._bf16_products(x, st, lib)
     return out
 
 

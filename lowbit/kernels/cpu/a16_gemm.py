@@ -115,19 +115,16 @@ def bf16_products(nibbles: bool, lib: ctypes.CDLL | None = None) -> tuple[int, i
 
 def bf16_calls(nibbles: bool, lib: ctypes.CDLL | None = None) -> str:
     """In words, what a bfloat16 call of many tokens runs on here (``lowbit env``, every benchmark's
-    ``meta``): the paths of :func:`run` and the token counts where each starts."""
+    ``meta``): :func:`run`'s paths from :func:`bf16_products` and the token counts where each starts."""
     lib = lib or library()
     if lib is None:
         return "no native kernel (no C compiler built it)"
-    matmul = "torch's bf16 matmul on the unpacked weight from {} tokens" if bf16_matmul_native() else ""
-    if amx_bf16(lib):
-        lo, hi = AMX_BF16_TOKENS[nibbles]
-        return f"AMX-BF16 tiles from {lo} tokens" + (", " + matmul.format(hi) if matmul else "")
-    if dpbf16(lib):
-        return f"AVX512_BF16 dot products from {DPBF16_TOKENS[nibbles]} tokens"
-    if matmul:
-        return matmul.format(BF16_MIN_TOKENS[nibbles])
-    return "the exact int16 tiles at every size"
+    span = bf16_products(nibbles, lib)
+    parts = [f"{'AMX-BF16 tiles' if amx_bf16(lib) else 'AVX512_BF16 dot products'} from {span[0]} tokens"] if span else []
+    matmul_from = span[1] if span else BF16_MIN_TOKENS[nibbles]  # as run() decides
+    if matmul_from != NO_END and bf16_matmul_native():
+        parts.append(f"torch's bf16 matmul on the unpacked weight from {matmul_from} tokens")
+    return ", ".join(parts) or "the exact int16 tiles at every size"
 
 
 def dpbf16(lib: ctypes.CDLL | None = None) -> bool:
@@ -234,7 +231,7 @@ def _weight_scratch(shape: tuple[int, int]) -> torch.Tensor:
     return buf[:n].view(shape)
 
 
-def _bf16_tiles(x: torch.Tensor, w: A16Panels, lib: ctypes.CDLL, dot: bool = False) -> torch.Tensor:
+def _bf16_products(x: torch.Tensor, w: A16Panels, lib: ctypes.CDLL, dot: bool = False) -> torch.Tensor:
     """bfloat16 ``x [..., in]`` → bfloat16 ``[..., out]`` (plus bias) on bfloat16 products in C: the
     AMX-BF16 tiles, or the AVX512_BF16 dot products (``dot``: those whatever the tiles, for tests)."""
     a16_linear.check_input(x, w.n_in, "a16 gemm kernel")
@@ -267,7 +264,7 @@ def run(x: torch.Tensor, w: A16Panels, lib: ctypes.CDLL | None = None) -> torch.
     few = min(AMX_BF16_TOKENS[w.nibbles][0], DPBF16_TOKENS[w.nibbles]) * w.n_in
     span = bf16_products(w.nibbles, lib) if bf16 and x.numel() >= few else None
     if span and span[0] * w.n_in <= x.numel() < span[1] * w.n_in:
-        return _bf16_tiles(x, w, lib)
+        return _bf16_products(x, w, lib)
     if bf16 and x.numel() >= (span[1] if span else BF16_MIN_TOKENS[w.nibbles]) * w.n_in and bf16_matmul_native():
         a16_linear.check_input(x, w.n_in, "a16 gemm kernel")  # below the threshold `call` checks
         # the weight goes into this thread's scratch, which the matmul reads and nothing keeps

@@ -17,7 +17,6 @@
 #define LOWBIT_A16_DPBF16_H
 #if A16_BF16_PAIRS
 #include <stdatomic.h>
-#include <stdlib.h>
 #define A16_DPBF16 1
 /* Tokens x DP_NV vectors of 16 rows: 16 accumulators, 4 weight vectors, 1 broadcast. 6 x 4 (24
  * accumulators) was no faster: as an array GCC 12 kept some on the stack, as 24 named variables
@@ -80,6 +79,18 @@ static inline __attribute__((always_inline)) void dp_tile(const struct dp_args *
                                 f32_to_bf16_x16(_mm512_castps_si512(acc[m][v])));
 }
 
+/* Tokens [i0, i1) against nv panels of rows from r0: tiles of DP_MR tokens, the rest in tiles of 2
+ * and 1 (each size a compiled copy). */
+static inline __attribute__((always_inline)) void dp_tokens(const struct dp_args *D, const uint8_t *pairs, int64_t pb,
+                                                            int64_t i0, int64_t i1, int64_t r0, const int nv) {
+    for (int64_t i = i0; i < i1;) {
+        const int64_t left = i1 - i;
+        if (left >= DP_MR) dp_tile(D, pairs, pb, i, r0, DP_MR, nv), i += DP_MR;
+        else if (left >= 2) dp_tile(D, pairs, pb, i, r0, 2, nv), i += 2;
+        else dp_tile(D, pairs, pb, i, r0, 1, nv), i += 1;
+    }
+}
+
 /* One work item: DP_NV panels of rows (fewer at the end) x one chunk of tokens. Items run block of
  * rows by block, so a thread that takes the next chunk of the same rows finds them unpacked. */
 static void dp_item(const void *ctx, int64_t item) {
@@ -88,13 +99,8 @@ static void dp_item(const void *ctx, int64_t item) {
     const int64_t r0 = item / D->nch * DP_NV * PANEL, pb = W->kp / 2 * 64;
     const int64_t i0 = item % D->nch * D->chunk, i1 = i0 + D->chunk < D->t ? i0 + D->chunk : D->t;
     const int nv = (W->out - r0) / PANEL < DP_NV ? (int)((W->out - r0) / PANEL) : DP_NV;
-    if (DP_NV * pb > dp_cap) {
-        free(dp_buf);
-        dp_buf = aligned_alloc(64, (size_t)(DP_NV * pb));
-        dp_cap = dp_buf ? DP_NV * pb : 0;
-        dp_call = 0;
-    }
-    uint8_t *pairs = dp_buf;
+    if (DP_NV * pb > dp_cap) dp_call = 0; /* a new buffer holds no rows */
+    uint8_t *pairs = grow_buffer(&dp_buf, &dp_cap, DP_NV * pb);
     if (!pairs) {
         atomic_store(&D->failed, 1);
         return;
@@ -103,25 +109,10 @@ static void dp_item(const void *ctx, int64_t item) {
         for (int v = 0; v < nv; v++) bf16_fill(pairs + v * pb, W, r0 + v * PANEL);
         dp_call = D->call, dp_r0 = r0;
     }
-    if (nv == DP_NV) { /* tiles of DP_MR tokens, the rest in tiles of 2, 1 (each size a compiled copy) */
-        for (int64_t i = i0; i < i1;) {
-            const int64_t left = i1 - i;
-            if (left >= DP_MR) dp_tile(D, pairs, pb, i, r0, DP_MR, DP_NV), i += DP_MR;
-            else if (left >= 2) dp_tile(D, pairs, pb, i, r0, 2, DP_NV), i += 2;
-            else dp_tile(D, pairs, pb, i, r0, 1, DP_NV), i += 1;
-        }
-    } else { /* the last block of a row count that is not a multiple of DP_NV panels: one panel at a time */
-        for (int v = 0; v < nv; v++) {
-            const uint8_t *one = pairs + v * pb;
-            const int64_t rv = r0 + v * PANEL;
-            for (int64_t i = i0; i < i1;) {
-                const int64_t left = i1 - i;
-                if (left >= DP_MR) dp_tile(D, one, pb, i, rv, DP_MR, 1), i += DP_MR;
-                else if (left >= 2) dp_tile(D, one, pb, i, rv, 2, 1), i += 2;
-                else dp_tile(D, one, pb, i, rv, 1, 1), i += 1;
-            }
-        }
-    }
+    if (nv == DP_NV)
+        dp_tokens(D, pairs, pb, i0, i1, r0, DP_NV);
+    else /* the last block of a row count that is not a multiple of DP_NV panels: one panel at a time */
+        for (int v = 0; v < nv; v++) dp_tokens(D, pairs + v * pb, pb, i0, i1, r0 + v * PANEL, 1);
 }
 
 /* Blocks of rows per thread below which a call's tokens are split into chunks of at least

@@ -140,18 +140,10 @@ static inline __attribute__((always_inline)) void amx_products(const struct amx_
 }
 
 /* Per-thread memory of the AMX work items (unpacked panels, kept tiles, float sums), kept between
- * calls; NULL if it cannot be had. */
-static uint8_t *amx_grow(uint8_t **buf, int64_t *cap, int64_t need) { /* *buf with room for need bytes */
-    if (need > *cap) {
-        free(*buf);
-        *buf = aligned_alloc(64, (size_t)(need + 63) / 64 * 64);
-        *cap = *buf ? need : 0;
-    }
-    return *buf;
-}
+ * calls (grow_buffer, panel_simd.h); NULL if it cannot be had. */
 static __thread uint8_t *amx_buf;
 static __thread int64_t amx_cap;
-static uint8_t *amx_memory(int64_t need) { return amx_grow(&amx_buf, &amx_cap, need); }
+static uint8_t *amx_memory(int64_t need) { return grow_buffer(&amx_buf, &amx_cap, need); }
 
 /* The calling thread's buffer for one call's packed activations, kept between calls up to
  * AMX_ACT_KEEP bytes (a fresh allocation of that size is an mmap, whose pages fault in on every
@@ -162,7 +154,7 @@ static __thread uint8_t *amx_act_buf;
 static __thread int64_t amx_act_cap;
 static uint8_t *amx_act_memory(int64_t need) {
     if (need > AMX_ACT_KEEP) return aligned_alloc(64, (size_t)(need + 63) / 64 * 64);
-    return amx_grow(&amx_act_buf, &amx_act_cap, need);
+    return grow_buffer(&amx_act_buf, &amx_act_cap, need);
 }
 static void amx_act_release(uint8_t *p) {
     if (p != amx_act_buf) free(p);

@@ -71,6 +71,17 @@ static inline uint32_t panel_dot(const uint8_t *w, int nibbles, int64_t kp, int6
     return acc;
 }
 
+/* *buf with room for need bytes (64-byte aligned), grown by a fresh allocation (the old contents
+ * are not kept); NULL if it cannot be had. For the per-thread memory kernels keep between calls. */
+static inline uint8_t *grow_buffer(uint8_t **buf, int64_t *cap, int64_t need) {
+    if (need > *cap) {
+        free(*buf);
+        *buf = aligned_alloc(64, (size_t)(need + 63) / 64 * 64);
+        *cap = *buf ? need : 0;
+    }
+    return *buf;
+}
+
 static inline int32_t load32(const void *p) {
     int32_t v;
     memcpy(&v, p, 4);

@@ -234,7 +234,7 @@ def test_bf16_calls_of_many_tokens_run_on_bf16_products(kind, out, n, group, mon
         assert ((y.double() - ref).abs() <= _bf16_bound(x.double(), wd, exact) + 2.0**-8 * ref.abs()).all()  # + bias rounding
         assert torch.equal(a16_gemm.run(x.reshape(1, t, n), st), y.reshape(1, t, out))
     x = (torch.randn(lo, n) * 3).bfloat16()
-    assert torch.equal(a16_gemm.run(x, st), a16_gemm._bf16_tiles(x, st, a16_gemm.library()))  # routed there
+    assert torch.equal(a16_gemm.run(x, st), a16_gemm._bf16_products(x, st, a16_gemm.library()))  # routed there
     assert torch.equal(a16_gemm.run(x[:-1], st), run_gemv(x[:-1], gemv))  # below the range: exact path
     assert torch.equal(a16_gemm.run(x.float(), st), run_gemv(x.float(), gemv))  # float32: exact path
     assert_same_for_thread_counts(lambda: a16_gemm.run(x, st), a16_gemm.run(x, st))
@@ -261,10 +261,10 @@ def test_the_dot_products_themselves_on_any_bf16_cpu(kind, out, n):
     lib = a16_gemm.library()
     for t in (1, 3, 6, 97, 250):
         x = (torch.randn(t, n) * torch.linspace(0.01, 10, n)).bfloat16()
-        y = a16_gemm._bf16_tiles(x, st, lib, dot=True)
+        y = a16_gemm._bf16_products(x, st, lib, dot=True)
         exact = x.double() @ wd.T
         assert ((y.double() - exact).abs() <= _bf16_bound(x.double(), wd, exact)).all()
-        assert_same_for_thread_counts(lambda: a16_gemm._bf16_tiles(x, st, lib, dot=True), y)
+        assert_same_for_thread_counts(lambda: a16_gemm._bf16_products(x, st, lib, dot=True), y)
 
 
 @pytest.mark.skipif(not a16_gemm.bf16_products(True), reason=NO_BF16_PRODUCTS)
