@@ -1,4 +1,4 @@
-"""The LM head quantized by a scheme's ``lm_head`` part (the w4a16 preset: INT8 per row)."""
+"""The LM head quantized by a scheme's ``lm_head`` part (the w4a16, W4A4 and W3A3 presets: INT8 per row)."""
 
 import pytest
 import torch
@@ -9,16 +9,23 @@ from lowbit.accelerate import KernelLinear, accelerate
 from lowbit.kernels.cpu import w8a16
 from tests.tiny_models import tiny_model
 from lowbit.nn import QuantLinear
-from lowbit.quantize import get_scheme, quantize_model
+from lowbit.quantize import PRESETS, get_scheme, quantize_model
 from lowbit.quantize.head import quantize_head
 from lowbit.formats.scheme import GPTQArgs, Scheme, WeightArgs
 
 IDS = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
 
 
-def test_w4a16_preset_keeps_the_head_in_int8_and_unties_it(tmp_path):
-    scheme = get_scheme("w4a16")
-    assert scheme.lm_head == WeightArgs(bits=8, group_size=0, symmetric=True)
+def test_which_presets_quantize_the_head():
+    int8 = WeightArgs(bits=8, group_size=0, symmetric=True)
+    assert {n for n, s in PRESETS.items() if s.lm_head.enabled} == {
+        "w4a16", "w4a16-rot", "w4a4", "w4a4-rot", "w4a4-kv4", "w4a4-kv4-rot", "w3a3", "w3a3-rot", "w4a4-fp4"}
+    assert all(s.lm_head == int8 for s in PRESETS.values() if s.lm_head.enabled)
+
+
+@pytest.mark.parametrize("name", ["w4a16", "w4a4", "w3a3"])
+def test_presets_keep_the_head_in_int8_and_untie_it(tmp_path, name):
+    scheme = get_scheme(name)
     model = tiny_model("llama", tie_word_embeddings=True)
     assert model.lm_head.weight is model.model.embed_tokens.weight
     emb = model.model.embed_tokens.weight.detach().clone()

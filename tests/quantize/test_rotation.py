@@ -128,8 +128,10 @@ def test_bad_models_are_refused():
     assert issubclass(RotationError, LowbitError)
 
 
-def test_quantize_model_rotates_first_and_checkpoints_are_plain_weights(tmp_path):
-    scheme = apply_overrides(get_scheme("w4a4-kv4"), ["rotation.kind=hadamard", "outliers.count=8"])
+@pytest.mark.parametrize("head_bits", [16, 8])
+def test_quantize_model_rotates_first_and_checkpoints_are_plain_weights(tmp_path, head_bits):
+    scheme = apply_overrides(get_scheme("w4a4-kv4"), ["rotation.kind=hadamard", "outliers.count=8",
+                                                      f"lm_head.bits={head_bits}"])
     model = tiny_model("llama", tie_word_embeddings=True)
     float_logits = _logits(model)
     quantize_model(model, scheme, IDS, progress=False)
@@ -139,7 +141,10 @@ def test_quantize_model_rotates_first_and_checkpoints_are_plain_weights(tmp_path
     save_quantized(model, tmp_path / "q")
     again, _ = load_quantized(tmp_path / "q")
     assert again.lowbit_scheme.rotation == RotationArgs(kind="hadamard")
-    assert isinstance(again.lm_head, nn.Linear) and again.lm_head.weight is not again.model.embed_tokens.weight
+    if head_bits == 16:  # the rotated head is an untied float copy
+        assert isinstance(again.lm_head, nn.Linear) and again.lm_head.weight is not again.model.embed_tokens.weight
+    else:  # the preset's INT8 head, quantized from the rotated weight
+        assert isinstance(again.lm_head, QuantLinear) and again.lm_head.layout.w_bits == 8
     assert torch.equal(_logits(again), got)
 
 
