@@ -4,7 +4,8 @@ quantize-then-export helper.
 vLLM 0.32's CPU kernels take W8A8 (INT8 weights per channel, dynamic per-token INT8 activations)
 and W4A16 with whole groups; the default model's width 576 is no multiple of 128 (the w4a16
 preset's group), so W4A16 exports with groups of 64. vLLM's CPU build serves only a float LM head
-(the w4a16 preset's INT8 head is left float here). Speed does not depend on the weight values, so
+(the w4a16 preset's INT8 head is left float here), and so that every served format is compared on
+the same head, W4A4's INT8 head is left float too. Speed does not depend on the weight values, so
 RTN (no GPTQ) is used: it quantizes in seconds. W4A4 (the Atom preset: INT8 outlier channels,
 reorder, groups of 128) has no compressed-tensors form vLLM runs; it is served through lowbit's
 vLLM plugin only, from lowbit's own checkpoint folder.
@@ -18,7 +19,7 @@ from pathlib import Path
 VLLM_SCHEMES: dict[str, tuple[str, list[str]]] = {
     "w8a8": ("w8a8", ["lm_head.bits=16"]),
     "w4a16": ("w4a16", ["weights.group_size=64", "lm_head.bits=16", "gptq.enabled=false"]),
-    "w4a4": ("w4a4", ["gptq.enabled=false", "weights.clip_search=false"]),
+    "w4a4": ("w4a4", ["gptq.enabled=false", "weights.clip_search=false", "lm_head.bits=16"]),
 }
 
 

@@ -404,3 +404,13 @@ def test_a_format_this_cpus_vllm_cannot_run_is_refused_before_any_work(tmp_path,
     assert main(["bench", "serve", "--formats", "w4a16", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "cpu_gemm_wna16" in err and "plugin-w4a16" in err and not (tmp_path / "out" / "serve.json").exists()
+
+
+def test_every_served_scheme_keeps_the_float_head():
+    """vLLM's CPU build serves only a float LM head, and the plugin's W4A4 keeps it float too, so
+    the engines are compared on the same head (the W4A4 presets' own head is INT8)."""
+    from lowbit.bench.vllm_exports import VLLM_SCHEMES, vllm_scheme
+    from lowbit.quantize import get_scheme
+
+    assert get_scheme("w4a4").lm_head.enabled
+    assert all(not vllm_scheme(f).lm_head.enabled for f in VLLM_SCHEMES)
