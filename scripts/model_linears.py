@@ -2,9 +2,9 @@
 gate|up 576x3072, down 1536x576), bf16 in and out, through lowbit's prepared kernels as vLLM's
 plugin runs them (``PreparedLinear.batched``): torch's bf16 ``F.linear``, W8A8, W4A4 (64 INT8
 outliers, groups of 128) without and with an input permutation (the reorder the plugin gives
-every W4A4 linear). Random weights of the model's shapes; each step's linears in model order, the
-formats interleaved within every repeat, medians. What W4A4 pays over W8A8 on a CPU, where both
-multiply int8 codes.
+every W4A4 linear), and W4A16 (groups of 128). Random weights of the model's shapes; each step's
+linears in model order, the formats interleaved within every repeat, medians. What W4A4 pays over
+W8A8 on a CPU, where both multiply int8 codes, and what it saves against W4A16.
 
 Run with vLLM's environment (``.venv-vllm/bin/python``) it adds vLLM's own CPU kernels on the same
 weights, prepared as vLLM's engine prepares them: ``vllm-bf16`` (its unquantized linear: oneDNN
@@ -34,7 +34,7 @@ def build() -> dict[str, list]:
     from lowbit.kernels.linear_params import from_float
 
     torch.manual_seed(0)
-    calls: dict[str, list] = {"bf16": [], "w8a8": [], "w4a4": [], "w4a4+perm": []}
+    calls: dict[str, list] = {"bf16": [], "w8a8": [], "w4a4": [], "w4a4+perm": [], "w4a16": []}
     for _ in range(LAYERS):
         for n_in, n_out in SHAPES:
             w = torch.randn(n_out, n_in) / n_in ** 0.5
@@ -43,6 +43,7 @@ def build() -> dict[str, list]:
             calls["w8a8"].append((n_in, prepare(from_float(w, "w8a8"), "cpu").batched))
             calls["w4a4"].append((n_in, prepare(p4, "cpu").batched))
             calls["w4a4+perm"].append((n_in, prepare(p4, "cpu", input_perm=torch.randperm(n_in)).batched))
+            calls["w4a16"].append((n_in, prepare(from_float(w, "w4a16"), "cpu").batched))
             for name, f in _vllm_calls(w).items():
                 calls.setdefault(name, []).append((n_in, f))
     return calls
@@ -123,6 +124,7 @@ def main() -> None:
         rows.append({"tokens": t, **{f"{k}_ms": v for k, v in ms.items()}})
         print(f"{t:4d} tokens: " + "  ".join(f"{k} {v:7.2f} ms" for k, v in ms.items())
               + f"   w4a4/w8a8 {ms['w4a4'] / ms['w8a8']:.2f}  perm/no perm {ms['w4a4+perm'] / ms['w4a4']:.2f}"
+              + f"  w4a4/w4a16 {ms['w4a4'] / ms['w4a16']:.2f}"
               + (f"  w4a4+perm/vllm-w8a8 {ms['w4a4+perm'] / ms['vllm-w8a8']:.2f}" if "vllm-w8a8" in ms else ""))
     if args.json:
         from lowbit.bench.machine import report

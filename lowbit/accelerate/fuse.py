@@ -92,15 +92,26 @@ class FusedPart(nn.Module):
                 f"fused, {p.kind} via {p.kernel}")
 
 
-def fuse(linears: list[nn.Module], kernel: str | None = None) -> list[FusedPart]:
+def reorder_rows(p: LinearParams, order: torch.Tensor) -> LinearParams:
+    """``p`` with output row ``i`` taken from row ``order[i]`` (each row computed as before)."""
+    pick = lambda t: None if t is None else t.index_select(0, order)  # noqa: E731
+    return LinearParams(p.kind, pick(p.codes), pick(p.scale), pick(p.zero), p.group, pick(p.outlier),
+                        pick(p.outlier_scale), p.act, pick(p.bias))
+
+
+def fuse(linears: list[nn.Module], kernel: str | None = None,
+         out_order: torch.Tensor | None = None) -> list[FusedPart]:
     """``FusedPart`` replacements for QuantLinears that read one input (KernelError if they cannot
-    share a kernel: different recipes or input permutations)."""
+    share a kernel: different recipes or input permutations). ``out_order``: every part's output
+    channels come out in this order (:func:`down_input_orders`)."""
     if any(getattr(ql, "input_transform", None) is not None for ql in linears):
         raise KernelError("linears with an online input transform are not fused")
     perms = [ql.input_perm for ql in linears]
     if any((p is None) != (perms[0] is None) or (p is not None and not torch.equal(p, perms[0])) for p in perms):
         raise KernelError("cannot fuse linears with different input permutations")
     ps = [from_quant_linear(ql) for ql in linears]
+    if out_order is not None:
+        ps = [reorder_rows(p, out_order.to(torch.int64)) for p in ps]
     # the shared reorder goes to the kernel (W4A4's reads x through it in C, others gather there)
     fused = prepare(concat_params(ps), linears[0].qweight.device, kernel,
                     input_perm=None if perms[0] is None else perms[0].clone())
@@ -125,3 +136,30 @@ def shared_input_groups(model: nn.Module) -> list[list[str]]:
             if g.shared and len(g.linears) > 1:
                 groups.append([f"model.layers.{i}.{p}" for p in g.linears])
     return groups
+
+
+def down_input_orders(model: nn.Module) -> dict[tuple[str, ...], str]:
+    """``{gate/up paths: down_proj path}`` of the dense MLPs whose down_proj reads its input through
+    a permutation P (W4A4's outlier reorder) that can move into gate/up instead: the MLP multiplies
+    act(gate) and up channel by channel, so gate/up rows reordered by P hand down_proj its input in
+    P's order already (the same values), and it reads it without a gather, as vLLM's plugin does.
+    Not where down_proj has an online transform, or the widths differ."""
+    from lowbit.models.adapters import UnsupportedArchitectureError, get_adapter
+    from lowbit.models.module_paths import get_path
+    from lowbit.nn.quant_linear import QuantLinear
+
+    try:
+        adapter = get_adapter(model)
+    except UnsupportedArchitectureError:
+        return {}
+    out = {}
+    for i, layer in enumerate(adapter.layers(model)):
+        if adapter.has_experts(layer) or len(adapter.arch.mlp_in) != 2:
+            continue  # experts see their own tokens; a fused gate|up row block (Phi-3) is not two linears
+        ins = [get_path(layer, p) for p in adapter.arch.mlp_in]
+        down = get_path(layer, adapter.arch.mlp_out)
+        if (isinstance(down, QuantLinear) and down.input_perm is not None
+                and getattr(down, "input_transform", None) is None
+                and all(isinstance(m, QuantLinear) and m.out_features == down.in_features for m in ins)):
+            out[tuple(f"model.layers.{i}.{p}" for p in adapter.arch.mlp_in)] = f"model.layers.{i}.{adapter.arch.mlp_out}"
+    return out

@@ -28,13 +28,17 @@ class KernelLinear(nn.Module):
         self.weight_bytes = weight_bytes
 
     @classmethod
-    def from_quant_linear(cls, ql: nn.Module, kernel: str | None = None) -> "KernelLinear":
+    def from_quant_linear(cls, ql: nn.Module, kernel: str | None = None, input_folded: bool = False) -> "KernelLinear":
+        """``input_folded``: the layer before already writes x in the input permutation's order
+        (:func:`.fuse.down_input_orders`), so the kernel reads it as it comes."""
         from lowbit.nn.quant_linear import module_bytes
 
         p = from_quant_linear(ql)
         dev = ql.qweight.device
         transform = getattr(ql, "input_transform", None)
-        perm = None if ql.input_perm is None else ql.input_perm.clone()
+        if input_folded and transform is not None:
+            raise KernelError("an input order cannot be folded upstream past an online input transform")
+        perm = None if ql.input_perm is None or input_folded else ql.input_perm.clone()
         # the reorder goes to the kernel (W4A4's reads x through it in C, others gather there) unless
         # a transform must run between it and the kernel
         in_kernel = perm is not None and (transform is None or transform.before_perm)
@@ -58,25 +62,37 @@ class KernelLinear(nn.Module):
 def accelerate(model: nn.Module, kernel: str | None = None, fuse: bool = True) -> Counter:
     """Replace every ``QuantLinear`` the kernels support by a ``KernelLinear`` (in place); with
     ``fuse``, linears that read one input (q/k/v, gate/up) first become one kernel call
-    (:mod:`.fuse`, counted as ``fused_groups``)."""
+    (:mod:`.fuse`, counted as ``fused_groups``), and a down_proj's input order moves into its
+    gate/up rows where it can (``folded_orders``: :func:`.fuse.down_input_orders`)."""
     from lowbit.models.module_paths import get_path, set_path
     from lowbit.nn.quant_linear import QuantLinear
 
     from lowbit.accelerate import fuse as fusion
 
     counts: Counter = Counter()
+    downs = fusion.down_input_orders(model) if fuse else {}
     for paths in fusion.shared_input_groups(model) if fuse else []:
         mods = [get_path(model, p) for p in paths]
         if not all(isinstance(m, QuantLinear) for m in mods):
             continue
+        down_path, down = downs.get(tuple(paths)), None
+        if down_path is not None:  # down_proj first: its order moves upstream only if it runs on a kernel
+            try:
+                down = KernelLinear.from_quant_linear(get_path(model, down_path), kernel, input_folded=True)
+            except KernelError:
+                down = None
         try:
-            parts = fusion.fuse(mods, kernel)
+            parts = fusion.fuse(mods, kernel, out_order=None if down is None else get_path(model, down_path).input_perm)
         except KernelError:
             continue  # swapped one by one below
         for path, part in zip(paths, parts):
             set_path(model, path, part)
         counts[f"{parts[0].prepared.kind}:{parts[0].prepared.kernel}"] += len(parts)
         counts["fused_groups"] += 1
+        if down is not None:
+            set_path(model, down_path, down)
+            counts[f"{down.prepared.kind}:{down.prepared.kernel}"] += 1
+            counts["folded_orders"] += 1
     for name, mod in list(model.named_modules()):
         if not isinstance(mod, QuantLinear):
             continue

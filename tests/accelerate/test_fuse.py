@@ -7,9 +7,9 @@ import torch
 
 from lowbit.accelerate import KernelLinear, accelerate
 from lowbit.kernels import from_float
-from lowbit.accelerate.fuse import FusedPart, concat_params, shared_input_groups
+from lowbit.accelerate.fuse import FusedPart, concat_params, down_input_orders, shared_input_groups
 from lowbit.kernels.linear_params import KernelError
-from tests.tiny_models import tiny_model
+from tests.tiny_models import RECENT_ARCHS, TINY_ARCHS, tiny_model
 from lowbit.quantize import get_scheme, quantize_model
 from lowbit.formats.scheme import GPTQArgs
 
@@ -32,6 +32,12 @@ def test_fused_model_is_bit_identical_to_one_call_per_linear(name):
     attn = fused.model.layers[0].self_attn
     assert isinstance(attn.q_proj, FusedPart) and attn.q_proj.shared is attn.v_proj.shared
     assert isinstance(fused.model.layers[0].self_attn.o_proj, KernelLinear)
+    # W4A4's down_proj input order moves into gate/up's rows: down_proj gathers nothing
+    assert counts["folded_orders"] == (model.config.num_hidden_layers if name == "w4a4" else 0)
+    down = fused.model.layers[0].mlp.down_proj
+    if name == "w4a4":
+        assert down.input_perm is None and down.prepared.input_perm is None
+        assert single.model.layers[0].mlp.down_proj.prepared.input_perm is not None
     for ctx in (torch.inference_mode, torch.no_grad):
         with ctx():
             assert torch.equal(fused(IDS).logits, single(IDS).logits)
@@ -39,6 +45,41 @@ def test_fused_model_is_bit_identical_to_one_call_per_linear(name):
         a = fused.generate(IDS[:1, :8], max_new_tokens=6, do_sample=False)
         b = single.generate(IDS[:1, :8], max_new_tokens=6, do_sample=False)
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS + RECENT_ARCHS)
+def test_down_proj_order_folded_upstream_keeps_the_bits(arch):
+    model = tiny_model(arch)
+    quantize_model(model, get_scheme("w4a4").with_(gptq=GPTQArgs(enabled=False)), IDS, progress=False)
+    folded, single = copy.deepcopy(model), copy.deepcopy(model)
+    counts = accelerate(folded)
+    accelerate(single, fuse=False)
+    # every dense two-linear MLP folds (Phi-3's gate|up is one linear, MoE experts are not fused;
+    # the tiny Qwen3-MoE has a dense layer)
+    dense = len(down_input_orders(model))
+    assert counts["folded_orders"] == dense and (dense == 0) == (arch in ("phi3", "mixtral"))
+    with torch.no_grad():
+        assert torch.equal(folded(IDS).logits, single(IDS).logits)
+
+
+def test_order_stays_with_down_proj_when_it_has_no_kernel(monkeypatch):
+    """down_proj's order moves upstream only once down_proj runs on a kernel without it."""
+    model = _quantized("w4a4")
+    single = copy.deepcopy(model)
+    accelerate(single, fuse=False)
+    real = KernelLinear.from_quant_linear.__func__
+
+    def refuse_folded(cls, ql, kernel=None, input_folded=False):
+        if input_folded:
+            raise KernelError("no kernel for this layer")
+        return real(cls, ql, kernel)
+
+    monkeypatch.setattr(KernelLinear, "from_quant_linear", classmethod(refuse_folded))
+    counts = accelerate(model)
+    assert "folded_orders" not in counts and counts["fused_groups"] == 2 * model.config.num_hidden_layers
+    assert model.model.layers[0].mlp.down_proj.prepared.input_perm is not None
+    with torch.no_grad():
+        assert torch.equal(model(IDS).logits, single(IDS).logits)
 
 
 def test_a_part_called_with_another_or_changed_input_recomputes():
