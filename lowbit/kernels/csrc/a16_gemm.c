@@ -34,6 +34,8 @@ int a16_gemm_simd(void) { return panel_simd_level(); }
 #define MR 3 /* 16 ymm registers: 6 accumulators, 4 weight vectors, 2 broadcasts */
 #define NV 1
 #endif
+/* Vectors of rows a tile may span: NV, or for one token on AVX2 a whole panel (a16_item) */
+#define NV_MAX (PANEL > NV * VL ? PANEL / VL : NV)
 
 struct a16_args {
     const uint8_t *w;
@@ -50,7 +52,7 @@ struct a16_args {
 #if PANEL_SIMD
 /* Exact products of mr tokens x nv vectors over channels [a, b). Accumulator h = 0 holds, per 128-bit
  * lane of 4 rows, rows 0 and 1 (two partial sums each), h = 1 rows 2 and 3: what the byte unpacks give. */
-static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV][2], const struct a16_args *A,
+static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV_MAX][2], const struct a16_args *A,
                                                            const int16_t *x, int64_t r0, int64_t a, int64_t b,
                                                            const int mr, const int nv) {
     for (int m = 0; m < mr; m++)
@@ -58,7 +60,7 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV][2], 
     const int64_t kp = A->kp;
     if (A->nibbles) {
         for (int64_t k = a; k < b; k += 8) {
-            vi_t w0[NV], w1[NV], w2[NV], w3[NV];
+            vi_t w0[NV_MAX], w1[NV_MAX], w2[NV_MAX], w3[NV_MAX];
             for (int v = 0; v < nv; v++) {
                 const uint8_t *p = A->w + panel_at(r0 + v * VL, k, kp, 1);
                 PANEL_PREFETCH(p);
@@ -75,7 +77,7 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV][2], 
         }
     } else {
         for (int64_t k = a; k < b; k += 4) {
-            vi_t w0[NV], w1[NV];
+            vi_t w0[NV_MAX], w1[NV_MAX];
             for (int v = 0; v < nv; v++) {
                 const uint8_t *p = A->w + panel_at(r0 + v * VL, k, kp, 0);
                 PANEL_PREFETCH(p);
@@ -92,7 +94,7 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV][2], 
 }
 
 /* f += float(P) * (w_scale * x_step) for group g, P the exact product of each (token, row). */
-static inline __attribute__((always_inline)) void rescale(vf_t f[MR][NV], vi_t acc[MR][NV][2], const struct a16_args *A,
+static inline __attribute__((always_inline)) void rescale(vf_t f[MR][NV_MAX], vi_t acc[MR][NV_MAX][2], const struct a16_args *A,
                                                           int64_t i0, int64_t r0, int64_t g, const int mr,
                                                           const int nv) {
     for (int v = 0; v < nv; v++) {
@@ -111,8 +113,8 @@ static inline __attribute__((always_inline)) void rescale(vf_t f[MR][NV], vi_t a
 
 static inline __attribute__((always_inline)) void tile(const struct a16_args *A, int64_t i0, int64_t r0, const int mr,
                                                        const int nv) {
-    vi_t acc[MR][NV][2];
-    vf_t f[MR][NV];
+    vi_t acc[MR][NV_MAX][2];
+    vf_t f[MR][NV_MAX];
     for (int m = 0; m < mr; m++)
         for (int v = 0; v < nv; v++) f[m][v] = FZERO();
     for (int64_t g = 0; g < A->ng; g++) {
@@ -156,8 +158,8 @@ static vi_t *widen(const struct a16_args *A, int64_t r0, int nv) {
 
 static inline __attribute__((always_inline)) void wide_tile(const struct a16_args *A, const vi_t *buf, int64_t i0,
                                                             int64_t r0, const int mr, const int nv) {
-    vi_t acc[MR][NV][2];
-    vf_t f[MR][NV];
+    vi_t acc[MR][NV_MAX][2];
+    vf_t f[MR][NV_MAX];
     const int64_t kp = A->kp;
     const int16_t *x = A->x + i0 * kp;
     for (int m = 0; m < mr; m++)
@@ -193,10 +195,8 @@ static inline __attribute__((always_inline)) void wide_tile(const struct a16_arg
 #define A16_TILE(mr) (nv == NV ? tile(A, i, r0, (mr), NV) : tile(A, i, r0, (mr), 1))
 #define A16_WIDE(mr) (nv == NV ? wide_tile(A, buf, i, r0, (mr), NV) : wide_tile(A, buf, i, r0, (mr), 1))
 
-/* One work item: NV vectors of rows (fewer at the end), every token: tiles of MR tokens, then 2, 1. */
-static void a16_item(const void *ctx, int64_t item) {
-    const struct a16_args *A = ctx;
-    const int64_t r0 = item * NV * VL;
+/* NV vectors of rows from r0 (fewer at the end), every token: tiles of MR tokens, then 2, 1. */
+static void a16_rows(const struct a16_args *A, const int64_t r0) {
     const int nv = (A->out - r0) / VL < NV ? (int)((A->out - r0) / VL) : NV;
     const vi_t *buf = A->t > MR ? widen(A, r0, nv) : NULL; /* NULL (one token tile, or no memory): unpack in place */
     for (int64_t i = 0; i < A->t && buf;) {
@@ -217,7 +217,28 @@ static void a16_item(const void *ctx, int64_t item) {
         i += mr;
     }
 }
-#define A16_ROWS_PER_ITEM (NV * VL)
+
+/* One work item: a whole panel at least. AVX2's row tile (8 rows) is half a panel, whose two halves
+ * share every 64-byte line: as items of their own, taken by different threads, each thread pulled
+ * every line of the panel from memory and used half of it. One token (decode) takes both halves in
+ * one tile, so each line is used whole as it streams in (one pass per half would read the second
+ * half from L2 after the stream, not beside it). The same rows, the same bits. */
+#define A16_TILES_PER_ITEM (PANEL > NV * VL ? PANEL / (NV * VL) : 1)
+static void a16_item(const void *ctx, int64_t item) {
+    const struct a16_args *A = ctx;
+#if NV_MAX > NV
+    const int64_t p0 = item * PANEL;
+    if (A->t == 1 && p0 + PANEL <= A->out) {
+        tile(A, 0, p0, 1, NV_MAX);
+        return;
+    }
+#endif
+    for (int64_t s = 0; s < A16_TILES_PER_ITEM; s++) {
+        const int64_t r0 = (item * A16_TILES_PER_ITEM + s) * NV * VL;
+        if (r0 < A->out) a16_rows(A, r0);
+    }
+}
+#define A16_ROWS_PER_ITEM (A16_TILES_PER_ITEM * NV * VL)
 #else
 /* Portable: the same integers and float steps, one row and token at a time. */
 static void a16_item(const void *ctx, int64_t item) {
