@@ -15,6 +15,7 @@ from lowbit.errors import CheckpointError
 from lowbit.checkpoint import load_quantized, save_quantized
 from tests.tiny_models import tiny_model
 from lowbit.quantize import TPArgs, get_scheme, quantize_model
+from lowbit.formats.scheme import WeightArgs
 
 CALIB = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
 IDS = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1))
@@ -91,11 +92,14 @@ def test_truncated_checkpoint_is_a_clear_error(quantized, tmp_path):
         load_tp_shard(tmp_path, 0, 2, lambda t: t)
 
 
-@pytest.mark.parametrize("scheme", ["w4a4", "w4a16"])  # w4a16: a quantized (untied) LM head
+# w4a4 and w4a16: a quantized (untied) LM head; w4a4 with lm_head.bits=16: the tied float head, re-tied
+@pytest.mark.parametrize("scheme", ["w4a4", "w4a16", "w4a4+float-head"])
 def test_float_model_checkpoint_for_one_rank_runs_at_tp1(tmp_path, scheme):
     """A checkpoint quantized without --tp loads as a TP=1 'shard' and equals load_quantized."""
     model = tiny_model("llama", seed=2, tie_word_embeddings=True)
-    quantize_model(model, get_scheme(scheme), CALIB, progress=False)
+    s = get_scheme(scheme.split("+")[0])
+    quantize_model(model, s.with_(lm_head=WeightArgs()) if scheme.endswith("float-head") else s, CALIB, progress=False)
+    assert (getattr(model.lm_head, "weight", None) is model.model.embed_tokens.weight) == scheme.endswith("float-head")
     save_quantized(model, tmp_path / "q")
     shard = load_tp_shard(tmp_path / "q", 0, 1, lambda t: t)
     with torch.inference_mode():
