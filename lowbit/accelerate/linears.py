@@ -76,13 +76,15 @@ def accelerate(model: nn.Module, kernel: str | None = None, fuse: bool = True) -
         if not all(isinstance(m, QuantLinear) for m in mods):
             continue
         down_path, down = downs.get(tuple(paths)), None
+        order = None
         if down_path is not None:  # down_proj first: its order moves upstream only if it runs on a kernel
+            ql = get_path(model, down_path)
             try:
-                down = KernelLinear.from_quant_linear(get_path(model, down_path), kernel, input_folded=True)
+                down, order = KernelLinear.from_quant_linear(ql, kernel, input_folded=True), ql.input_perm
             except KernelError:
-                down = None
+                pass
         try:
-            parts = fusion.fuse(mods, kernel, out_order=None if down is None else get_path(model, down_path).input_perm)
+            parts = fusion.fuse(mods, kernel, out_order=order)
         except KernelError:
             continue  # swapped one by one below
         for path, part in zip(paths, parts):

@@ -20,7 +20,7 @@ struct dequant_job {
  * share one set of the L1 cache as rows of a power-of-two width would (measured 4x slower on
  * 4096 columns), then copied out whole. Per thread, kept between calls. */
 #define DQ_LD(n) ((n) + 32)
-static __thread uint16_t *dq_buf;
+static __thread uint8_t *dq_buf;
 static __thread int64_t dq_cap;
 
 /* Rows r0 .. r0 + 15 (those below out) at channels [k0, k1) of group g, one value at a time, into
@@ -94,13 +94,9 @@ static inline void dequant_vector(uint16_t *d, int64_t ld, __m512i raw, int nibb
 static void dequant_item(const void *ctx, int64_t item) {
     const struct dequant_job *J = ctx;
     const int64_t r0 = item * PANEL, ld = DQ_LD(J->kp);
-    if (PANEL * ld > dq_cap) {
-        free(dq_buf);
-        dq_buf = malloc((size_t)(PANEL * ld) * sizeof(uint16_t));
-        dq_cap = dq_buf ? PANEL * ld : 0;
-    }
-    uint16_t *d = dq_buf ? dq_buf : J->dst + r0 * J->n; /* no memory: straight into the rows */
-    const int64_t dl = dq_buf ? ld : J->n;
+    uint16_t *const buf = (uint16_t *)grow_buffer(&dq_buf, &dq_cap, PANEL * ld * (int64_t)sizeof(uint16_t));
+    uint16_t *d = buf ? buf : J->dst + r0 * J->n; /* no memory: straight into the rows */
+    const int64_t dl = buf ? ld : J->n;
     const int rows = J->out - r0 < PANEL ? (int)(J->out - r0) : PANEL;
     for (int64_t g = 0; g < J->ng; g++) {
         const int64_t a = g * J->group, b = a + J->group < J->kp ? a + J->group : J->kp, e = b < J->n ? b : J->n;
@@ -110,13 +106,13 @@ static void dequant_item(const void *ctx, int64_t item) {
         __m512i zq[4];
         __m512 sq[4];
         dequant_spread(_mm512_loadu_si512((const void *)(J->zw + q)), _mm512_loadu_ps(J->sw + q), zq, sq);
-        for (; k + step <= e && (dq_buf || rows == PANEL); k += step)
+        for (; k + step <= e && (buf || rows == PANEL); k += step)
             dequant_vector(d, dl, _mm512_loadu_si512((const void *)(J->w + panel_at(r0, k, J->kp, J->nibbles))),
                            J->nibbles, k, zq, sq);
 #endif
         dequant_values(J, d, dl, r0, g, k, e);
     }
-    if (dq_buf)
+    if (buf)
         for (int i = 0; i < rows; i++) memcpy(J->dst + (r0 + i) * J->n, d + i * ld, (size_t)J->n * sizeof(uint16_t));
 }
 #endif

@@ -129,18 +129,13 @@ static inline __attribute__((always_inline)) void tile(const struct a16_args *A,
 /* Many tokens: the row tile's weights are widened to int16 once (into buf: the vectors dot_tile
  * unpacks, in its order, for all kp channels) and read back by every token tile, instead of being
  * unpacked again for each. buf is per thread, kept between calls (NV * kp / 2 vectors). */
-static __thread vi_t *wide_buf;
+static __thread uint8_t *wide_buf;
 static __thread int64_t wide_cap;
 
 static vi_t *widen(const struct a16_args *A, int64_t r0, int nv) {
-    const int64_t need = NV * A->kp / 2;
-    if (need > wide_cap) {
-        free(wide_buf);
-        wide_buf = aligned_alloc(64, (size_t)need * sizeof(vi_t));
-        wide_cap = wide_buf ? need : 0;
-        if (!wide_buf) return NULL;
-    }
-    vi_t *o = wide_buf;
+    vi_t *const buf = (vi_t *)grow_buffer(&wide_buf, &wide_cap, NV * A->kp / 2 * (int64_t)sizeof(vi_t));
+    if (!buf) return NULL;
+    vi_t *o = buf;
     for (int64_t k = 0; k < A->kp; k += A->nibbles ? 8 : 4)
         for (int v = 0; v < nv; v++) {
             const uint8_t *p = A->w + panel_at(r0 + v * VL, k, A->kp, A->nibbles);
@@ -153,7 +148,7 @@ static vi_t *widen(const struct a16_args *A, int64_t r0, int nv) {
                 *o++ = VUNPLO8(raw), *o++ = VUNPHI8(raw);
             }
         }
-    return wide_buf;
+    return buf;
 }
 
 static inline __attribute__((always_inline)) void wide_tile(const struct a16_args *A, const vi_t *buf, int64_t i0,
