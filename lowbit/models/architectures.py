@@ -59,6 +59,7 @@ class Architecture:
     and down (by the same columns), the router replicated, the experts' partial sum all-reduced once.
     ``whole_qk_norms``: norms over the whole projected q and k (all heads together, OLMo 2),
     split with their projections' rows, their sums of squares summed across ranks.
+    ``final_norm``: the norm whose output the LM head reads (its calibration inputs).
     ``tp_missing`` / ``rotation_missing``: what tensor
     parallelism / the rotation pre-pass lacks for this model (None: supported).
     """
@@ -76,6 +77,7 @@ class Architecture:
     whole_qk_norms: tuple[str, str] | None = None
     tp_missing: str | None = None
     rotation_missing: str | None = None
+    final_norm: str = "model.norm"  # the norm between the last layer and the LM head
 
     @property
     def is_moe(self) -> bool:

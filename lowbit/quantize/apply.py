@@ -32,7 +32,7 @@ from lowbit.nn.kv_cache import PackedKVCache, install_scheme_kv_cache
 
 from .calibrate import InputStats, capture_layer_inputs, capture_linear_inputs, collect_stats, run_layer
 from .float_target import aim_at_float_outputs
-from .head import quantize_head
+from .head import head_hessian, quantize_head
 from .outliers import outlier_permutation, permute_group_input
 from .recipe_steps import RecipeSteps
 from .replace_linears import replace_group_linears
@@ -80,18 +80,22 @@ def quantize_model(model: nn.Module, scheme: Scheme, calib_ids: torch.Tensor | N
     report = QuantizeReport(scheme, 0 if calib_ids is None else calib_ids.shape[0],
                             0 if calib_ids is None else calib_ids.shape[1], 0.0, 0)
     layers = adapter.layers(model)
+    head_xtx = None
     if steps.needs_linear_stats:
         orig_device = next(model.parameters()).device
         _to_device(model, device)
-        _quantize_layers(model, adapter, layers, scheme, steps, splits, calib_ids, device, batch_size, progress,
-                         load_layer, report)
+        last = _quantize_layers(model, adapter, layers, scheme, steps, splits, calib_ids, device, batch_size,
+                                progress, load_layer, report)
+        if steps.lm_head and scheme.gptq.enabled:
+            head_xtx = head_hessian(get_path(model, adapter.arch.final_norm), last)
+        del last
         model.to(orig_device)
         report.layers = len(layers)
     elif load_layer is not None:  # nothing to calibrate (a KV-cache-only scheme): just load the layers
         for i, layer in enumerate(layers):
             load_layer(i, layer, "cpu")
     if steps.lm_head:
-        quantize_head(model, scheme.lm_head)
+        quantize_head(model, scheme.lm_head, head_xtx, None if head_xtx is None else scheme.gptq)
     if steps.kv_cache:
         install_scheme_kv_cache(model, scheme.kv_cache)
     model.lowbit_scheme = scheme
@@ -101,9 +105,10 @@ def quantize_model(model: nn.Module, scheme: Scheme, calib_ids: torch.Tensor | N
 
 def _quantize_layers(model: nn.Module, adapter: Adapter, layers: nn.ModuleList, scheme: Scheme, steps: RecipeSteps,
                      splits: dict[str, list[int]], calib_ids: torch.Tensor, device: str, batch_size: int,
-                     progress: bool, load_layer, report: QuantizeReport) -> None:
+                     progress: bool, load_layer, report: QuantizeReport) -> list[torch.Tensor]:
     """Layer by layer: statistics (per stage when true-sequential), each group quantized, then the
-    quantized layer run to make the next layer's inputs (and the float copy, for float targets)."""
+    quantized layer run to make the next layer's inputs (and the float copy, for float targets).
+    Returns the last quantized layer's outputs (what the final norm and the LM head read)."""
     inputs, kwargs = capture_layer_inputs(model, layers, calib_ids, device, batch_size)
     make_cache = None
     if steps.kv_cache:
@@ -136,6 +141,7 @@ def _quantize_layers(model: nn.Module, adapter: Adapter, layers: nn.ModuleList, 
         if steps.float_target:
             finputs = run_layer(flayer, finputs, kwargs[i])
             del flayer
+    return inputs
 
 
 def _to_device(model: nn.Module, device: str) -> None:

@@ -191,4 +191,4 @@ def rotate_model(model: nn.Module, args: RotationArgs) -> None:
             _rotate_heads(layer.self_attn, q2)
         if args.r4:
             _rotate_down_online(layer, adapter, q4s)
-    _fold_norm(model.model.norm, [head.weight], adapter.norm_offset, q1)
+    _fold_norm(get_path(model, adapter.arch.final_norm), [head.weight], adapter.norm_offset, q1)

@@ -66,3 +66,53 @@ def test_quantize_head_refuses_what_it_cannot_quantize():
     other.lm_head = torch.nn.Identity()
     with pytest.raises(ValueError, match="nn.Linear"):
         quantize_head(other, WeightArgs(bits=8, group_size=0))
+
+
+def _proxy_loss(w: torch.Tensor, q: torch.Tensor, xtx: torch.Tensor) -> float:
+    """GPTQ's objective, ``tr((W - Q) XᵀX (W - Q)ᵀ)``: the squared error of the head's outputs."""
+    d = (w - q).double()
+    return float(torch.einsum("oi,ij,oj->", d, xtx.double(), d))
+
+
+def test_gptq_head_lowers_the_output_error_of_rtn():
+    model = tiny_model("llama")
+    w = model.lm_head.weight.detach().float().clone()
+    x = torch.randn(64, w.shape[1], generator=torch.Generator().manual_seed(1))
+    x[:, 3] *= 20  # one large channel, as a residual stream has
+    xtx = x.T @ x
+    args = WeightArgs(bits=8, group_size=0)
+    rtn_head = quantize_head(tiny_model("llama"), args)
+    gptq_head = quantize_head(model, args, xtx, GPTQArgs(enabled=True))
+    assert not torch.equal(gptq_head.dequantized_weight(), rtn_head.dequantized_weight())
+    assert _proxy_loss(w, gptq_head.dequantized_weight(), xtx) < 0.8 * _proxy_loss(w, rtn_head.dequantized_weight(), xtx)
+    with pytest.raises(ValueError, match="both"):
+        quantize_head(tiny_model("llama"), args, xtx)
+
+
+@pytest.mark.parametrize("rotated", [False, True])
+def test_quantize_model_gives_the_head_gptq_on_what_it_reads(monkeypatch, rotated):
+    """The Hessian GPTQ gets is XᵀX of the head's real inputs in the quantized model."""
+    import lowbit.quantize.apply as apply
+
+    seen = {}
+    real = apply.quantize_head
+
+    def spy(model, args, xtx=None, gargs=None):
+        seen["xtx"], seen["gargs"] = xtx, gargs
+        captured = []
+        h = model.lm_head.register_forward_pre_hook(lambda m, a: captured.append(a[0].reshape(-1, a[0].shape[-1])))
+        with torch.no_grad():
+            model(IDS[:1]), model(IDS[1:])
+        h.remove()
+        x = torch.cat(captured).float()
+        seen["want"] = x.T @ x
+        return real(model, args, xtx, gargs)
+
+    monkeypatch.setattr(apply, "quantize_head", spy)
+    scheme = get_scheme("w4a4-rot" if rotated else "w4a4")
+    assert scheme.gptq.enabled
+    quantize_model(tiny_model("llama"), scheme, IDS, progress=False)
+    assert seen["gargs"] == scheme.gptq
+    torch.testing.assert_close(seen["xtx"], seen["want"], rtol=1e-4, atol=1e-4 * float(seen["want"].abs().max()))
+    quantize_model(tiny_model("llama"), scheme.with_(gptq=GPTQArgs(enabled=False)), IDS, progress=False)
+    assert seen["xtx"] is None and seen["gargs"] is None  # RTN without GPTQ
