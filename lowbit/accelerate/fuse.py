@@ -22,6 +22,8 @@ from torch import nn
 from lowbit.kernels.dispatch import PreparedLinear, prepare
 from lowbit.kernels.linear_params import KernelError, LinearParams, from_quant_linear
 
+from .online_input import prepare_input, same_transform, split_perm
+
 
 def concat_params(ps: list[LinearParams]) -> LinearParams:
     """Siblings' tensors stacked along the output; KernelError unless they share kind, input
@@ -46,8 +48,10 @@ class SharedInput:
     """The fused kernel of a group and the last input's per-part results (not a module: its parts
     are, and they share it)."""
 
-    def __init__(self, prepared: PreparedLinear, sizes: list[int]):
+    def __init__(self, prepared: PreparedLinear, sizes: list[int], input_perm: torch.Tensor | None = None,
+                 input_transform: nn.Module | None = None):
         self.prepared, self.sizes = prepared, sizes
+        self.input_perm, self.input_transform = input_perm, input_transform  # what runs before the kernel
         self._x = None
         self._version = None
         self._parts: list[torch.Tensor | None] = []
@@ -66,7 +70,8 @@ class SharedInput:
         return y
 
     def _compute(self, x: torch.Tensor) -> None:
-        self._parts = list(self.prepared.batched(x).split(self.sizes, dim=-1))
+        y = self.prepared.batched(prepare_input(x, self.input_perm, self.input_transform))
+        self._parts = list(y.split(self.sizes, dim=-1))
         self._left = len(self._parts)
         self._x, self._version = x, None if x.is_inference() else x._version
 
@@ -102,21 +107,22 @@ def reorder_rows(p: LinearParams, order: torch.Tensor) -> LinearParams:
 def fuse(linears: list[nn.Module], kernel: str | None = None,
          out_order: torch.Tensor | None = None) -> list[FusedPart]:
     """``FusedPart`` replacements for QuantLinears that read one input (KernelError if they cannot
-    share a kernel: different recipes or input permutations). ``out_order``: every part's output
+    share a kernel: different recipes, input permutations or online transforms). Equal transforms
+    (the ``-rot`` presets' block Hadamard) run once for all. ``out_order``: every part's output
     channels come out in this order (:func:`down_input_orders`)."""
-    if any(getattr(ql, "input_transform", None) is not None for ql in linears):
-        raise KernelError("linears with an online input transform are not fused")
+    transform = getattr(linears[0], "input_transform", None)
+    if not all(same_transform(getattr(ql, "input_transform", None), transform) for ql in linears):
+        raise KernelError("cannot fuse linears with different online input transforms")
     perms = [ql.input_perm for ql in linears]
     if any((p is None) != (perms[0] is None) or (p is not None and not torch.equal(p, perms[0])) for p in perms):
         raise KernelError("cannot fuse linears with different input permutations")
     ps = [from_quant_linear(ql) for ql in linears]
     if out_order is not None:
         ps = [reorder_rows(p, out_order.to(torch.int64)) for p in ps]
-    # the shared reorder goes to the kernel (W4A4's reads x through it in C, others gather there)
-    fused = prepare(concat_params(ps), linears[0].qweight.device, kernel,
-                    input_perm=None if perms[0] is None else perms[0].clone())
+    in_kernel, outside = split_perm(None if perms[0] is None else perms[0].clone(), transform)
+    fused = prepare(concat_params(ps), linears[0].qweight.device, kernel, input_perm=in_kernel)
     sizes = [p.out_features for p in ps]
-    shared = SharedInput(fused, sizes)
+    shared = SharedInput(fused, sizes, outside, transform)
     return [FusedPart(shared, i, ql.in_features, ql.out_features) for i, ql in enumerate(linears)]
 
 
@@ -143,7 +149,8 @@ def down_input_orders(model: nn.Module) -> dict[tuple[str, ...], str]:
     a permutation P (W4A4's outlier reorder) that can move into gate/up instead: the MLP multiplies
     act(gate) and up channel by channel, so gate/up rows reordered by P hand down_proj its input in
     P's order already (the same values), and it reads it without a gather, as vLLM's plugin does.
-    Not where down_proj has an online transform, or the widths differ."""
+    Not where down_proj has an online transform that runs before P, or the widths differ (one
+    after P, the ``-rot`` presets' block Hadamard, still runs on the input as it comes)."""
     from lowbit.models.adapters import UnsupportedArchitectureError, get_adapter
     from lowbit.models.module_paths import get_path
     from lowbit.nn.quant_linear import QuantLinear
@@ -159,7 +166,7 @@ def down_input_orders(model: nn.Module) -> dict[tuple[str, ...], str]:
         ins = [get_path(layer, p) for p in adapter.arch.mlp_in]
         down = get_path(layer, adapter.arch.mlp_out)
         if (isinstance(down, QuantLinear) and down.input_perm is not None
-                and getattr(down, "input_transform", None) is None
+                and not getattr(getattr(down, "input_transform", None), "before_perm", False)
                 and all(isinstance(m, QuantLinear) and m.out_features == down.in_features for m in ins)):
             out[tuple(f"model.layers.{i}.{p}" for p in adapter.arch.mlp_in)] = f"model.layers.{i}.{adapter.arch.mlp_out}"
     return out

@@ -12,9 +12,10 @@ from collections import Counter
 import torch
 from torch import nn
 
-from lowbit.kernels.channel_order import permute_channels
 from lowbit.kernels.dispatch import PreparedLinear, prepare
 from lowbit.kernels.linear_params import KernelError, from_quant_linear
+
+from .online_input import prepare_input, split_perm
 
 
 class KernelLinear(nn.Module):
@@ -30,30 +31,22 @@ class KernelLinear(nn.Module):
     @classmethod
     def from_quant_linear(cls, ql: nn.Module, kernel: str | None = None, input_folded: bool = False) -> "KernelLinear":
         """``input_folded``: the layer before already writes x in the input permutation's order
-        (:func:`.fuse.down_input_orders`), so the kernel reads it as it comes."""
+        (:func:`.fuse.down_input_orders`), so the kernel reads it as it comes (a transform after
+        the reorder still runs)."""
         from lowbit.nn.quant_linear import module_bytes
 
         p = from_quant_linear(ql)
         dev = ql.qweight.device
         transform = getattr(ql, "input_transform", None)
-        if input_folded and transform is not None:
-            raise KernelError("an input order cannot be folded upstream past an online input transform")
+        if input_folded and transform is not None and transform.before_perm:
+            raise KernelError("an input order cannot be folded upstream past a transform that runs before it")
         perm = None if ql.input_perm is None or input_folded else ql.input_perm.clone()
-        # the reorder goes to the kernel (W4A4's reads x through it in C, others gather there) unless
-        # a transform must run between it and the kernel
-        in_kernel = perm is not None and (transform is None or transform.before_perm)
-        return cls(prepare(p, dev, kernel, input_perm=perm if in_kernel else None), ql.in_features,
-                   ql.out_features, None if in_kernel else perm, module_bytes(ql), transform)
+        in_kernel, outside = split_perm(perm, transform)
+        return cls(prepare(p, dev, kernel, input_perm=in_kernel), ql.in_features, ql.out_features, outside,
+                   module_bytes(ql), transform)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        t = self.input_transform
-        if t is not None and t.before_perm:
-            x = t(x)
-        if self.input_perm is not None:
-            x = permute_channels(x, self.input_perm)
-        if t is not None and not t.before_perm:
-            x = t(x)
-        return self.prepared.batched(x)
+        return self.prepared.batched(prepare_input(x, self.input_perm, self.input_transform))
 
     def extra_repr(self) -> str:
         return f"{self.in_features}->{self.out_features}, {self.prepared.kind} via {self.prepared.kernel}"

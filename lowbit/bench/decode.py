@@ -1,5 +1,5 @@
 """``lowbit bench decode``: generation tokens/s of the real model per format (FP32, BF16, W8A8,
-W4A16, W4A4, W4A4 + INT4 KV cache) and batch size, with peak memory and the bytes of weights and
+W4A16, W4A4, W4A4 + INT4 KV cache, and their block-Hadamard ``-rot`` presets) and batch size, with peak memory and the bytes of weights and
 KV cache, all formats measured in one run: every format is built first, then the formats take
 turns within each repeat (a drift of a shared machine hits all of them), median of repeats. Peak
 memory (process RSS, or CUDA max allocated) therefore includes every format's resident model.
@@ -19,7 +19,8 @@ from pathlib import Path
 from lowbit.bench.report import args_meta
 
 
-FORMATS = ("fp32", "bf16", "w8a8", "w4a16", "w4a4", "w4a4-kv4")
+FORMATS = ("fp32", "bf16", "w8a8", "w4a16", "w4a4", "w4a4-kv4", "w4a4-rot", "w4a4-kv4-rot")
+DEFAULT_FORMATS = FORMATS[:6]  # the -rot presets on request (their online transforms: README)
 
 
 class PeakRSS:
@@ -113,8 +114,9 @@ def _cache_for(model, fmt: str):
     from lowbit.nn.kv_cache import PackedKVCache
     from lowbit.quantize import get_scheme
 
-    if fmt.endswith("-kv4"):  # the preset's cache (INT4, asymmetric, Hadamard-rotated heads)
-        return PackedKVCache.for_scheme(model.config, get_scheme(fmt).kv_cache)
+    scheme = None if fmt in ("fp32", "bf16") else get_scheme(fmt)
+    if scheme is not None and scheme.kv_cache.enabled:  # the preset's cache (INT4, asymmetric, Hadamard-rotated heads)
+        return PackedKVCache.for_scheme(model.config, scheme.kv_cache)
     return DynamicCache(config=model.config)
 
 

@@ -68,9 +68,9 @@ def _codecs(kinds) -> None:
 def _decode(kinds) -> None:
     p = kinds.add_parser("decode", help="generation tokens/s per format and batch, memory, weight and KV bytes")
     p.add_argument("--model", default="default", help="'default', a Hugging Face folder or a .gguf file (default: %(default)s)")
-    p.add_argument("--formats", default=",".join(decode.FORMATS),
-                   help="comma list; float formats run as they are, the others are quantized first and run inside "
-                        "bf16 (their linears on lowbit's kernels) (default: %(default)s)")
+    p.add_argument("--formats", default=",".join(decode.DEFAULT_FORMATS),
+                   help=f"comma list of {', '.join(decode.FORMATS)}; float formats run as they are, the others are "
+                        "quantized first and run inside bf16 (their linears on lowbit's kernels) (default: %(default)s)")
     p.add_argument("--batches", type=int_list, default="1,8,32", help="sequences decoded together (default: %(default)s)")
     p.add_argument("--prompt", type=positive_int, default=128, help="prompt tokens (default: %(default)s)")
     p.add_argument("--new", type=positive_int, default=128, help="generated tokens (default: %(default)s)")

@@ -7,7 +7,8 @@ import torch
 
 from lowbit.accelerate import KernelLinear, accelerate
 from lowbit.kernels import from_float
-from lowbit.accelerate.fuse import FusedPart, concat_params, down_input_orders, shared_input_groups
+from lowbit.accelerate.fuse import FusedPart, concat_params, down_input_orders, fuse, shared_input_groups
+from lowbit.nn.online_hadamard import BlockHadamard, InputHadamard
 from lowbit.kernels.linear_params import KernelError
 from tests.tiny_models import RECENT_ARCHS, TINY_ARCHS, tiny_model
 from lowbit.quantize import get_scheme, quantize_model
@@ -22,7 +23,7 @@ def _quantized(name: str, arch: str = "llama"):
     return model
 
 
-@pytest.mark.parametrize("name", ["w4a16", "w8a8", "w4a4"])
+@pytest.mark.parametrize("name", ["w4a16", "w8a8", "w4a4", "w4a4-rot"])
 def test_fused_model_is_bit_identical_to_one_call_per_linear(name):
     model = _quantized(name)
     fused, single = copy.deepcopy(model), copy.deepcopy(model)
@@ -33,11 +34,14 @@ def test_fused_model_is_bit_identical_to_one_call_per_linear(name):
     assert isinstance(attn.q_proj, FusedPart) and attn.q_proj.shared is attn.v_proj.shared
     assert isinstance(fused.model.layers[0].self_attn.o_proj, KernelLinear)
     # W4A4's down_proj input order moves into gate/up's rows: down_proj gathers nothing
-    assert counts["folded_orders"] == (model.config.num_hidden_layers if name == "w4a4" else 0)
-    down = fused.model.layers[0].mlp.down_proj
-    if name == "w4a4":
+    w4a4 = name.startswith("w4a4")
+    assert counts["folded_orders"] == (model.config.num_hidden_layers if w4a4 else 0)
+    down, single_down = fused.model.layers[0].mlp.down_proj, single.model.layers[0].mlp.down_proj
+    if w4a4:
         assert down.input_perm is None and down.prepared.input_perm is None
-        assert single.model.layers[0].mlp.down_proj.prepared.input_perm is not None
+        assert (single_down.prepared.input_perm is not None) != (single_down.input_perm is not None)
+    if name.endswith("-rot"):  # the block Hadamard (after the norm's reorder) runs once per fused group, and in down_proj
+        assert attn.q_proj.shared.input_transform is not None and down.input_transform is not None
     for ctx in (torch.inference_mode, torch.no_grad):
         with ctx():
             assert torch.equal(fused(IDS).logits, single(IDS).logits)
@@ -110,6 +114,30 @@ def test_moe_experts_are_not_fused_and_unknown_models_are_left_alone():
     assert groups and all(".experts." not in p for g in groups for p in g)
     assert accelerate(model)["fused_groups"] == model.config.num_hidden_layers  # q/k/v only
     assert shared_input_groups(torch.nn.Sequential(torch.nn.Linear(4, 4))) == []
+
+
+def test_siblings_with_different_transforms_are_not_fused():
+    model = _quantized("w4a4-rot")
+    attn = model.model.layers[0].self_attn
+    t = attn.k_proj.input_transform
+    attn.k_proj.input_transform = BlockHadamard(t.n, t.normal, t.block // 2)
+    with pytest.raises(KernelError, match="different online input transforms"):
+        fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+    single = copy.deepcopy(model)
+    counts = accelerate(model)
+    accelerate(single, fuse=False)
+    assert counts["fused_groups"] == 2 * model.config.num_hidden_layers - 1  # all but that q/k/v
+    with torch.no_grad():
+        assert torch.equal(model(IDS).logits, single(IDS).logits)
+
+
+def test_no_fold_past_a_transform_that_runs_before_the_order():
+    model = _quantized("w4a4")
+    down = model.model.layers[0].mlp.down_proj
+    down.input_transform = InputHadamard(down.in_features)  # R4's Hadamard: before the reorder
+    assert "model.layers.0.mlp.down_proj" not in down_input_orders(model).values()
+    with pytest.raises(KernelError, match="folded upstream"):
+        KernelLinear.from_quant_linear(down, input_folded=True)
 
 
 def test_incompatible_siblings_are_refused():

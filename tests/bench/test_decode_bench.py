@@ -89,3 +89,18 @@ def test_decode_split_small_real_run(tmp_path):
         assert r["step_ms"] == pytest.approx(r["linears_ms"] + r["lm_head_ms"] + r["rest_ms"])
         assert r["bound_ms"] < r["step_ms"]
     assert main(["bench", "decode-split", "--formats", "w9a9", "--out", str(tmp_path)]) == 2
+
+
+def test_each_format_decodes_with_its_presets_cache():
+    """The -kv4 presets, rotated or not, decode with lowbit's INT4 cache; the others with transformers' own."""
+    from transformers import DynamicCache
+
+    from lowbit.bench.decode import FORMATS, _cache_for
+    from lowbit.nn.kv_cache import PackedKVCache
+    from tests.tiny_models import tiny_model
+
+    model = tiny_model("llama")
+    assert {"w4a4-rot", "w4a4-kv4-rot"} <= set(FORMATS)
+    for fmt in FORMATS:
+        want = PackedKVCache if "kv4" in fmt else DynamicCache
+        assert isinstance(_cache_for(model, fmt), want), fmt
