@@ -20,6 +20,7 @@ VLLM_SCHEMES: dict[str, tuple[str, list[str]]] = {
     "w8a8": ("w8a8", ["lm_head.bits=16"]),
     "w4a16": ("w4a16", ["weights.group_size=64", "lm_head.bits=16", "gptq.enabled=false"]),
     "w4a4": ("w4a4", ["gptq.enabled=false", "weights.clip_search=false", "lm_head.bits=16"]),
+    "w4a4-rot": ("w4a4-rot", ["gptq.enabled=false", "weights.clip_search=false", "lm_head.bits=16"]),
 }
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import time
 import weakref
+from typing import Callable
 
 import torch
 
@@ -33,18 +34,26 @@ from lowbit.kernels.linear_params import KernelError, NonFiniteActivations
 
 _PREPARED: dict[str, PreparedLinear] = {}
 _NAN_ROWS: set[str] = set()
+_BEFORE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
 _NEXT = itertools.count(1)
 
 
-def register(prepared: PreparedLinear, owner: object | None = None, nan_rows: bool = False) -> str:
+def register(prepared: PreparedLinear, owner: object | None = None, nan_rows: bool = False,
+             before: Callable[[torch.Tensor], torch.Tensor] | None = None) -> str:
     """A handle for ``prepared`` (released with ``owner`` when given, else by :func:`release`);
-    ``nan_rows``: non-finite tokens give NaN outputs instead of an error (module docstring)."""
+    ``nan_rows``: non-finite tokens give NaN outputs instead of an error (module docstring);
+    ``before``: what the op applies to x first, inside the op (an online transform of the input,
+    token by token and shape-preserving, so the fake still holds)."""
     if not isinstance(prepared, PreparedLinear):
         raise TypeError(f"register needs a PreparedLinear, got {type(prepared).__name__}")
+    if before is not None and not callable(before):
+        raise TypeError(f"before must be callable, got {type(before).__name__}")
     handle = f"linear{next(_NEXT)}"
     _PREPARED[handle] = prepared
     if nan_rows:
         _NAN_ROWS.add(handle)
+    if before is not None:
+        _BEFORE[handle] = before
     if owner is not None:
         weakref.finalize(owner, release, handle)
     return handle
@@ -53,6 +62,7 @@ def register(prepared: PreparedLinear, owner: object | None = None, nan_rows: bo
 def release(handle: str) -> None:
     _PREPARED.pop(handle, None)
     _NAN_ROWS.discard(handle)
+    _BEFORE.pop(handle, None)
 
 
 def prepared(handle: str) -> PreparedLinear:
@@ -76,6 +86,9 @@ def linear(x: torch.Tensor, handle: str) -> torch.Tensor:
 
 def _linear(x: torch.Tensor, handle: str) -> torch.Tensor:
     p = prepared(handle)
+    before = _BEFORE.get(handle)
+    if before is not None:
+        x = before(x)
     try:
         y = p.batched(x)
     except NonFiniteActivations:

@@ -4,7 +4,8 @@ builds them), where each input permutation lives, and every reason to refuse the
 
 Everything the plugin cannot run is refused here, so vLLM fails while loading, never at a
 request: kernels without a lowbit CPU path (FP4 grids, FP16 outliers, float "linears" of
-activation-only schemes, asymmetric activations), mixture-of-experts, norms other than a decoder
+activation-only schemes, asymmetric activations), R4's online Hadamard (the ``-rot`` presets'
+block Hadamard is served: the op applies it), mixture-of-experts, norms other than a decoder
 layer's two, and a tensor-parallel size other than the one the checkpoint was quantized for. The
 INT4 KV cache is the one thing served differently: vLLM's paged cache holds one dtype per element,
 not lowbit's packed codes with a scale and zero per token and head, so the plugin serves with
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from lowbit.errors import LowbitError
 from lowbit.formats.scheme import Scheme, SchemeError
 from lowbit.kernels.linear_params import ActSpec, KernelError, kind_of
+from lowbit.nn.online_hadamard import BLOCK_KIND
 from lowbit.nn.quant_linear import QuantLinearLayout
 
 NAME = "lowbit"
@@ -162,10 +164,10 @@ def check_runnable(name: str, lay: QuantLinearLayout) -> str:
                           "no lowbit kernel")
     if lay.w_format != "int":
         raise PluginError(f"{name}: {lay.w_format} weights have no lowbit CPU kernel (integer grids only)")
-    if lay.input_transform:  # rotation.r4 / rotation.block: vLLM's layer would skip it and compute another function
+    if lay.input_transform and lay.input_transform.get("kind") != BLOCK_KIND:  # R4's whole-input Hadamard
         raise PluginError(f"{name}: an online {lay.input_transform.get('kind')} transform of its input "
-                          "(rotation.r4 or rotation.block); the plugin does not apply online transforms: "
-                          "re-quantize without them")
+                          f"(rotation.r4); the plugin applies only the -rot presets' {BLOCK_KIND} "
+                          "(rotation.block): re-quantize without rotation.r4")
     if lay.n_outliers and lay.outlier_precision != "int8":
         raise PluginError(f"{name}: {lay.outlier_precision} outlier channels; the kernels take INT8 outliers only")
     act = None

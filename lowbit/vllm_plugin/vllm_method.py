@@ -17,6 +17,7 @@ this rank (its shard of q heads, KV heads, MLP rows or vocabulary), a row-parall
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.model_executor.models.utils import WeightsMapper
 
+from lowbit.accelerate.online_input import prepare_input, split_perm
 from lowbit.kernels import ops
 from lowbit.kernels.cpu import kernel_threads
 from lowbit.kernels.dispatch import prepare
@@ -196,8 +198,14 @@ class LowbitLinearMethod(LinearMethodBase):
         self._fold_down_input_order(ql)
         # the input reorder goes with the prepared weights: W4A4's kernel reads x through it (no gather pass)
         perm = None if ql.input_perm is None or self.input_folded else ql.input_perm.clone()
-        prepared = prepare(from_quant_linear(ql), "cpu", input_perm=perm)
-        layer.lowbit_handle = ops.register(prepared, owner=layer, nan_rows=True)  # vLLM's warm-up feeds garbage
+        # the block Hadamard of the -rot presets runs after the reorder, so that one gathers first, inside the op
+        in_kernel, outside = split_perm(perm, ql.input_transform)
+        prepared = prepare(from_quant_linear(ql), "cpu", input_perm=in_kernel)
+        before = None
+        if ql.input_transform is not None:
+            before = functools.partial(prepare_input, perm=outside, transform=ql.input_transform)
+        layer.lowbit_handle = ops.register(prepared, owner=layer, nan_rows=True,  # vLLM's warm-up feeds garbage
+                                           before=before)
         for name, _ in list(ql.named_buffers()):
             del layer._parameters[name]
         if (prepared.kind, prepared.kernel) not in _ANNOUNCED:

@@ -221,6 +221,8 @@ def test_plugin_formats_serve_the_lowbit_checkpoint_the_exports_come_from(tmp_pa
     w4a4 = FORMATS["plugin-w4a4"].make(src, tmp_path / "plugin-w4a4")
     scheme = json.loads((w4a4.vllm / CONFIG_NAME).read_text())["scheme"]
     assert scheme["activations"]["bits"] == 4 and scheme["outliers"]["count"] > 0 and not scheme["gptq"]["enabled"]
+    rot = FORMATS["plugin-w4a4-rot"].make(src, tmp_path / "plugin-w4a4-rot")
+    assert json.loads((rot.vllm / CONFIG_NAME).read_text())["scheme"]["rotation"]["block"] == 128
     for name, fmt in FORMATS.items():
         argv = vllm_argv("python", Path("m"), 1, name, 64, 1, True, fmt.vllm_args)
         assert (argv[-2:] == ["--quantization", "lowbit"]) == name.startswith("plugin-"), name

@@ -49,6 +49,27 @@ def test_op_under_torch_compile(kind, dtype, k):
         assert torch.equal(compiled(x), f(x))
 
 
+def test_op_applies_its_input_transform_first_eager_and_compiled():
+    """``before`` (the plugin's reorder + block Hadamard of the -rot presets) runs inside the op."""
+    from lowbit.kernels.cpu.hadamard import block_hadamard_reference
+
+    torch.manual_seed(2)
+    pl = prepare(from_float(torch.randn(48, 256), "w4a4", n_outliers=32))
+    perm = torch.randperm(256)
+    before = lambda x: block_hadamard_reference(x[..., perm], 224, 32)  # noqa: E731
+    owner = Holder()
+    h, plain = ops.register(pl, owner, before=before), ops.register(pl, owner)
+    compiled = torch.compile(lambda x: torch.ops.lowbit.linear(x, h) + 1, fullgraph=True, backend="inductor")
+    for t in (1, 6):
+        x = torch.randn(t, 256)
+        want = pl.batched(before(x))
+        assert torch.equal(torch.ops.lowbit.linear(x, h), want) and torch.equal(ops.call(x, h), want)
+        assert torch.equal(compiled(x), want + 1)
+        assert not torch.equal(torch.ops.lowbit.linear(x, plain), want)
+    with pytest.raises(TypeError, match="callable"):
+        ops.register(pl, owner, before=3)
+
+
 def test_fake_gives_shape_and_dtype():
     from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -116,6 +116,9 @@ def test_refused_checkpoints_name_the_reason(w4a4, tmp_path_factory):
     bad["layout"]["quant_linears"]["model.layers.0.mlp.down_proj"]["input_transform"] = {"kind": "hadamard", "n": 128}
     with pytest.raises(PluginError, match="down_proj: an online hadamard transform of its input"):
         plan_from_meta(bad)
+    block = {"kind": "block-hadamard", "n": 1536, "normal": 1472, "block": 64}  # the -rot presets' transform: served
+    bad["layout"]["quant_linears"]["model.layers.0.mlp.down_proj"]["input_transform"] = block
+    assert plan_from_meta(bad).layer("model.layers.0.mlp.down_proj")[0].input_transform == block
     fp4 = _meta(tmp_path_factory, get_scheme("w4a4-fp4").with_(gptq=get_scheme("w4a4-rtn").gptq))
     with pytest.raises(PluginError, match="fp4 weights have no lowbit CPU kernel"):
         plan_from_meta(fp4)

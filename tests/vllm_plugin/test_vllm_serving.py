@@ -1,5 +1,6 @@
 """lowbit checkpoints served by vLLM itself through the plugin (``quantization="lowbit"``): W4A4 with
-INT8 outliers and reorder, W4A16 with an INT8 LM head, W8A8 (SmoothQuant). vLLM's perplexity
+INT8 outliers and reorder (also with the block Hadamard of ``w4a4-rot``), W4A16 with an INT8 LM
+head, W8A8 (SmoothQuant). vLLM's perplexity
 (``prompt_logprobs``) must equal lowbit's own evaluation of the same checkpoint within 0.5 %, its
 greedy tokens must be lowbit's, and a checkpoint it cannot run must fail while vLLM loads it.
 Checkpoints quantized for 3 ranks (``--tp 3``) are served with ``tensor_parallel_size=3`` (each
@@ -57,8 +58,9 @@ def _schemes():
     from lowbit.quantize import get_scheme
 
     # GPTQ and clipping change the weights, not what the plugin loads: round-to-nearest keeps this fast
+    # rot-w4a4: w4a4-rot, its block Hadamard applied inside lowbit's op (the kind after the last "-")
     return {"w4a4": get_scheme("w4a4").with_(**RTN), "w4a16": get_scheme("w4a16").with_(**RTN),
-            "w8a8": get_scheme("w8a8")}
+            "w8a8": get_scheme("w8a8"), "rot-w4a4": get_scheme("w4a4-rot").with_(**RTN)}
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +209,7 @@ def test_plugin_serves_every_format_as_lowbit_does(served, monkeypatch):
     """One test over one vLLM process: a module fixture shared by several tests is built once per
     pytest-xdist worker that runs one of them, and this one costs minutes. Every check runs and
     every failure is listed."""
-    fmts = ("w4a4", "w4a16", "w8a8") + tuple(f"tp{TP_WORLD}-{f}" for f in TP_FORMATS)
+    fmts = ("w4a4", "w4a16", "w8a8", "rot-w4a4") + tuple(f"tp{TP_WORLD}-{f}" for f in TP_FORMATS)
     problems = [p for fmt in fmts if (p := _format_problem(served, fmt, monkeypatch))]
     log = served[1]["log"]
     for kind in ("w4a4", "w4a16", "w8a16", "w8a8"):  # w8a16: the w4a16 preset's INT8 LM head
