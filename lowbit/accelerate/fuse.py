@@ -165,8 +165,9 @@ def down_input_orders(model: nn.Module) -> dict[tuple[str, ...], str]:
             continue  # experts see their own tokens; a fused gate|up row block (Phi-3) is not two linears
         ins = [get_path(layer, p) for p in adapter.arch.mlp_in]
         down = get_path(layer, adapter.arch.mlp_out)
+        t = getattr(down, "input_transform", None)
         if (isinstance(down, QuantLinear) and down.input_perm is not None
-                and not getattr(getattr(down, "input_transform", None), "before_perm", False)
+                and (t is None or getattr(t, "before_perm", True) is False)  # a transform must say it runs after
                 and all(isinstance(m, QuantLinear) and m.out_features == down.in_features for m in ins)):
             out[tuple(f"model.layers.{i}.{p}" for p in adapter.arch.mlp_in)] = f"model.layers.{i}.{adapter.arch.mlp_out}"
     return out

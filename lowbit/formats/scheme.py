@@ -274,7 +274,8 @@ class Scheme:
     gptq: GPTQArgs = field(default_factory=GPTQArgs)
     smooth: SmoothArgs = field(default_factory=SmoothArgs)
     tensor_parallel: TPArgs = field(default_factory=TPArgs)
-    # the output projection: RTN per output row from its own weights (bits 16: left float)
+    # the output projection (bits 16: left float): GPTQ on its calibration inputs where gptq runs, else RTN
+    # (lowbit.quantize.head)
     lm_head: WeightArgs = field(default_factory=WeightArgs)
     # absent in checkpoints saved before rotation existed: from_dict gives the default (none)
     rotation: RotationArgs = field(default_factory=RotationArgs)

@@ -5,7 +5,8 @@ The weights stay in the layout :func:`lowbit.kernels.dispatch.prepare` built onc
 kernel (packed codes whose raw pointers the C kernels cache, or torch's packed int4): the op takes
 the activation and a *handle* (a short string, which a graph always treats as a constant, where
 an integer may become a symbolic size under recompilation) to that :class:`PreparedLinear` and runs exactly what a
-direct ``prepared.batched(x)`` runs, so the two agree bit for bit. A graph sees the handle as a
+direct ``prepared.batched(x)`` runs (after the handle's ``before`` transform of x, where one was
+registered), so the two agree bit for bit. A graph sees the handle as a
 constant and the output's shape and dtype from the fake implementation: ``[..., out]`` of x's
 dtype, as :meth:`PreparedLinear.batched` returns it.
 

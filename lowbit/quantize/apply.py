@@ -80,27 +80,38 @@ def quantize_model(model: nn.Module, scheme: Scheme, calib_ids: torch.Tensor | N
     report = QuantizeReport(scheme, 0 if calib_ids is None else calib_ids.shape[0],
                             0 if calib_ids is None else calib_ids.shape[1], 0.0, 0)
     layers = adapter.layers(model)
-    head_xtx = None
+    head_done = not steps.lm_head
     if steps.needs_linear_stats:
         orig_device = next(model.parameters()).device
         _to_device(model, device)
         last = _quantize_layers(model, adapter, layers, scheme, steps, splits, calib_ids, device, batch_size,
                                 progress, load_layer, report)
-        if steps.lm_head and scheme.gptq.enabled:
-            head_xtx = head_hessian(get_path(model, adapter.arch.final_norm), last)
+        if not head_done:  # on the calibration device, with what the head reads
+            _quantize_head(model, scheme, get_path(model, adapter.arch.final_norm), last)
+            head_done = True
         del last
         model.to(orig_device)
         report.layers = len(layers)
     elif load_layer is not None:  # nothing to calibrate (a KV-cache-only scheme): just load the layers
         for i, layer in enumerate(layers):
             load_layer(i, layer, "cpu")
-    if steps.lm_head:
-        quantize_head(model, scheme.lm_head, head_xtx, None if head_xtx is None else scheme.gptq)
+    if not head_done:
+        quantize_head(model, scheme.lm_head)
     if steps.kv_cache:
         install_scheme_kv_cache(model, scheme.kv_cache)
     model.lowbit_scheme = scheme
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _quantize_head(model: nn.Module, scheme: Scheme, norm: nn.Module, last: list[torch.Tensor]) -> None:
+    """The LM head by GPTQ on ``norm(last)`` where the scheme runs GPTQ, by RTN otherwise (also
+    with fewer calibration tokens than the head has inputs: GPTQ's damping keeps it ahead there,
+    README)."""
+    if not scheme.gptq.enabled:
+        quantize_head(model, scheme.lm_head)
+        return
+    quantize_head(model, scheme.lm_head, head_hessian(norm, last), scheme.gptq)
 
 
 def _quantize_layers(model: nn.Module, adapter: Adapter, layers: nn.ModuleList, scheme: Scheme, steps: RecipeSteps,

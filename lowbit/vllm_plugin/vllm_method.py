@@ -17,7 +17,6 @@ this rank (its shard of q heads, KV heads, MLP rows or vocabulary), a row-parall
 
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,12 +32,12 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.model_executor.models.utils import WeightsMapper
 
-from lowbit.accelerate.online_input import prepare_input, split_perm
 from lowbit.kernels import ops
 from lowbit.kernels.cpu import kernel_threads
 from lowbit.kernels.dispatch import prepare
 from lowbit.kernels.linear_params import from_quant_linear
 from lowbit.nn.quant_linear import QuantLinear, QuantLinearLayout
+from lowbit.vllm_plugin.input_steps import input_steps
 from lowbit.vllm_plugin.plan import NAME, Plan, PluginError, check_model_type, norm_renames, plan_from_meta
 
 log = init_logger("vllm.lowbit_plugin")  # under vLLM's logger, so its handlers print it
@@ -197,13 +196,9 @@ class LowbitLinearMethod(LinearMethodBase):
         ql = layer.__dict__.pop("_lowbit_module")
         self._fold_down_input_order(ql)
         # the input reorder goes with the prepared weights: W4A4's kernel reads x through it (no gather pass)
-        perm = None if ql.input_perm is None or self.input_folded else ql.input_perm.clone()
         # the block Hadamard of the -rot presets runs after the reorder, so that one gathers first, inside the op
-        in_kernel, outside = split_perm(perm, ql.input_transform)
+        in_kernel, before = input_steps(ql, self.input_folded)
         prepared = prepare(from_quant_linear(ql), "cpu", input_perm=in_kernel)
-        before = None
-        if ql.input_transform is not None:
-            before = functools.partial(prepare_input, perm=outside, transform=ql.input_transform)
         layer.lowbit_handle = ops.register(prepared, owner=layer, nan_rows=True,  # vLLM's warm-up feeds garbage
                                            before=before)
         for name, _ in list(ql.named_buffers()):

@@ -42,6 +42,9 @@ def test_fused_model_is_bit_identical_to_one_call_per_linear(name):
         assert (single_down.prepared.input_perm is not None) != (single_down.input_perm is not None)
     if name.endswith("-rot"):  # the block Hadamard (after the norm's reorder) runs once per fused group, and in down_proj
         assert attn.q_proj.shared.input_transform is not None and down.input_transform is not None
+        with torch.no_grad():  # and both are lowbit's reference layers (QuantLinear) within the kernels' rounding
+            want = model(IDS).logits
+            torch.testing.assert_close(fused(IDS).logits, want, rtol=0, atol=1e-3 * float(want.abs().max()))
     for ctx in (torch.inference_mode, torch.no_grad):
         with ctx():
             assert torch.equal(fused(IDS).logits, single(IDS).logits)

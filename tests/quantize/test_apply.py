@@ -40,8 +40,7 @@ def test_permutation_alone_leaves_float_logits_unchanged(arch):
 def test_atom_recipe_runs_and_beats_round_to_nearest(arch):
     ref = _ref(arch)
     errs = {}
-    # the same LM head in both (float): the recipes differ in the decoder only (the preset's head
-    # would get GPTQ in one and RTN in the other; GPTQ on 32 tokens overfits a 64-wide head)
+    # the same LM head in both (float): the recipes differ in the decoder only
     float_head = WeightArgs()
     for scheme in (get_scheme("w4a4-rtn").with_(lm_head=float_head), get_scheme("w4a4-kv4").with_(lm_head=float_head)):
         model = tiny_model(arch)

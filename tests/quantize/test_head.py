@@ -11,7 +11,7 @@ from tests.tiny_models import tiny_model
 from lowbit.nn import QuantLinear
 from lowbit.quantize import PRESETS, get_scheme, quantize_model
 from lowbit.quantize.head import quantize_head
-from lowbit.formats.scheme import GPTQArgs, Scheme, WeightArgs
+from lowbit.formats.scheme import GPTQArgs, RotationArgs, Scheme, WeightArgs
 
 IDS = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
 
@@ -89,9 +89,13 @@ def test_gptq_head_lowers_the_output_error_of_rtn():
         quantize_head(tiny_model("llama"), args, xtx)
 
 
-@pytest.mark.parametrize("rotated", [False, True])
-def test_quantize_model_gives_the_head_gptq_on_what_it_reads(monkeypatch, rotated):
-    """The Hessian GPTQ gets is XᵀX of the head's real inputs in the quantized model."""
+LONG = torch.randint(0, 128, (4, 24), generator=torch.Generator().manual_seed(3))  # 96 tokens for the head's 64 inputs
+
+
+@pytest.mark.parametrize("rotation", ["none", "block", "r1"])
+def test_quantize_model_gives_the_head_gptq_on_what_it_reads(monkeypatch, rotation):
+    """The Hessian GPTQ gets is XᵀX of the head's real inputs in the quantized model (R1 folds
+    the final norm into the head and rotates what it reads)."""
     import lowbit.quantize.apply as apply
 
     seen = {}
@@ -102,17 +106,20 @@ def test_quantize_model_gives_the_head_gptq_on_what_it_reads(monkeypatch, rotate
         captured = []
         h = model.lm_head.register_forward_pre_hook(lambda m, a: captured.append(a[0].reshape(-1, a[0].shape[-1])))
         with torch.no_grad():
-            model(IDS[:1]), model(IDS[1:])
+            for row in LONG:
+                model(row[None])
         h.remove()
         x = torch.cat(captured).float()
         seen["want"] = x.T @ x
         return real(model, args, xtx, gargs)
 
     monkeypatch.setattr(apply, "quantize_head", spy)
-    scheme = get_scheme("w4a4-rot" if rotated else "w4a4")
+    scheme = get_scheme("w4a4-rot" if rotation == "block" else "w4a4")
+    if rotation == "r1":
+        scheme = scheme.with_(rotation=RotationArgs(kind="hadamard"))
     assert scheme.gptq.enabled
-    quantize_model(tiny_model("llama"), scheme, IDS, progress=False)
+    quantize_model(tiny_model("llama"), scheme, LONG, progress=False)
     assert seen["gargs"] == scheme.gptq
     torch.testing.assert_close(seen["xtx"], seen["want"], rtol=1e-4, atol=1e-4 * float(seen["want"].abs().max()))
-    quantize_model(tiny_model("llama"), scheme.with_(gptq=GPTQArgs(enabled=False)), IDS, progress=False)
+    quantize_model(tiny_model("llama"), scheme.with_(gptq=GPTQArgs(enabled=False)), LONG, progress=False)
     assert seen["xtx"] is None and seen["gargs"] is None  # RTN without GPTQ
