@@ -33,8 +33,8 @@ def prepare_input(x: torch.Tensor, perm: torch.Tensor | None, transform: nn.Modu
     """``x`` as the kernel reads it: the transform before or after ``perm`` (the reorder outside the kernel)."""
     if transform is not None and transform.before_perm:
         x = transform(x)
+    elif transform is not None:
+        return transform(x, perm) if perm is not None else transform(x)  # the block Hadamard gathers as it reads
     if perm is not None:
         x = permute_channels(x, perm)
-    if transform is not None and not transform.before_perm:
-        x = transform(x)
     return x

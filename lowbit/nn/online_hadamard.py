@@ -19,6 +19,7 @@ from torch import nn
 
 from lowbit.errors import LowbitError
 from lowbit.formats.hadamard import factor
+from lowbit.kernels.channel_order import permute_channels
 from lowbit.kernels.cpu.hadamard import block_hadamard, block_hadamard_reference, input_hadamard, input_hadamard_reference
 from lowbit.kernels import triton as triton_backend
 from lowbit.kernels.triton import hadamard as triton_hadamard
@@ -77,9 +78,17 @@ class BlockHadamard(nn.Module):
                                        f"channels of {n}, got block {block}")
         self.n, self.normal, self.block = n, normal, block
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, perm: torch.Tensor | None = None) -> torch.Tensor:
+        """The transform of ``x``, or with ``perm`` (the outlier reorder before it) of ``x[..., perm]``:
+        on CPU the C call gathers in the same pass."""
         if x.shape[-1] != self.n:
             raise OnlineTransformError(f"block Hadamard of width {self.n} got an input of width {x.shape[-1]}")
+        if perm is not None and not x.is_cuda:
+            y = block_hadamard(x, self.normal, self.block, perm=perm.to(torch.int64))
+            if y is not None:
+                return y
+        if perm is not None:
+            x = permute_channels(x, perm)
         if x.is_cuda and triton_backend.available() and self.block <= triton_hadamard.MAX_BLOCK:
             return triton_hadamard.block_hadamard_triton(x, self.normal, self.block)  # the same bits
         y = block_hadamard(x, self.normal, self.block)  # one C call on CPU, the same bits

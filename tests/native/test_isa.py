@@ -117,7 +117,8 @@ def _hadamard_outputs(lib):
     x = torch.randn(5, 576) * 4
     return [hadamard.block_hadamard(x, 512, 128, lib=lib), hadamard.block_hadamard(x.bfloat16(), 576, 64, lib=lib),
             hadamard.block_hadamard(x[:, :40], 32, 4, lib=lib), hadamard.input_hadamard(x, lib=lib),
-            hadamard.input_hadamard(torch.randn(3, 1536).bfloat16(), lib=lib)]
+            hadamard.input_hadamard(torch.randn(3, 1536).bfloat16(), lib=lib),
+            hadamard.block_hadamard(torch.randn(64, 1536).bfloat16(), 1472, 64, lib=lib, perm=torch.randperm(1536))]
 
 
 def _codec_outputs(lib):

@@ -25,7 +25,7 @@ _F32, _BF16 = torch.float32, torch.bfloat16
 
 def _bind(lib: ctypes.CDLL) -> None:
     i64, vp, ci = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    lib.block_hadamard.argtypes = [vp, ci, i64, i64, i64, i64, ci, ctypes.c_float, vp]
+    lib.block_hadamard.argtypes = [vp, ci, i64, i64, i64, i64, ci, ctypes.c_float, vp, vp, ci]
     lib.block_hadamard.restype = ci
     lib.input_hadamard.argtypes = [vp, ci, i64, i64, i64, i64, i64, vp, ctypes.c_float, vp]
     lib.input_hadamard.restype = ci
@@ -70,20 +70,28 @@ def _rows(x: torch.Tensor, n: int) -> torch.Tensor:
     return x2
 
 
-def block_hadamard(x: torch.Tensor, normal: int, block: int, lib=None) -> torch.Tensor | None:
+def block_hadamard(x: torch.Tensor, normal: int, block: int, lib=None, perm: torch.Tensor | None = None
+                   ) -> torch.Tensor | None:
     """:func:`block_hadamard_reference` in one call (float32 or bfloat16 on CPU, a unit last stride,
-    no autograd), or None where it does not apply, so the caller keeps the torch path."""
+    no autograd), or None where it does not apply, so the caller keeps the torch path. ``perm``
+    (int64 ``[n]``): the transform of ``x[..., perm]``, the gather done in the same pass (the same
+    values, so the same bits as gathering first); an index outside the row is a ValueError."""
     lib = lib or _LIB.get()
     dt = x.dtype
     n = x.shape[-1] if x.dim() else 0
     if not _applies(lib, x) or not 2 <= block <= MAX_BLOCK or block & (block - 1) or not 0 <= normal <= n or normal % block:
         return None
+    if perm is not None:
+        if perm.shape != (n,) or perm.dtype != torch.int64 or perm.device != x.device:
+            raise ValueError(f"block_hadamard: perm must be int64 [{n}] on {x.device}, got {perm.dtype} {tuple(perm.shape)}")
+        perm = perm.contiguous()
     x2 = _rows(x, n)
     y = torch.empty(x.shape, dtype=dt)
     if x2.numel():
         if lib.block_hadamard(x2.data_ptr(), dt is _BF16, x2.shape[0], n, x2.stride(0), normal, block, _scale(block),
-                              y.data_ptr()):
-            raise ValueError(f"block_hadamard: the C kernel refused normal={normal}, block={block}, n={n}")
+                              y.data_ptr(), None if perm is None else perm.data_ptr(), torch.get_num_threads()):
+            raise ValueError(f"block_hadamard: the C kernel refused normal={normal}, block={block}, n={n}"
+                             + ("" if perm is None else " or a perm index outside the row"))
     return y
 
 

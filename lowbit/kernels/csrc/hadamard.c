@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "bf16.h"
+#include "work_pool.h"
 
 #define MAX_BLOCK 128
 
@@ -77,28 +78,71 @@ static void butterfly(float *x, int64_t block, float scale) {
     for (int64_t i = 0; i < block; i++) x[i] *= scale;
 }
 
-/* x, y: rows x n values, float32 (bf16 = 0) or bfloat16 (bf16 = 1), row strides x_stride and
- * n (y contiguous). Returns 0, or -1 (nothing written) for a block that is not a power of two
- * in [2, MAX_BLOCK] or a `normal` that is not a multiple of it within n. */
-int block_hadamard(const void *x, int bf16, int64_t rows, int64_t n, int64_t x_stride, int64_t normal, int block,
-                   float scale, void *y) {
+struct block_job {
+    const void *x;
+    void *y;
+    const int64_t *perm;
+    int64_t rows, n, x_stride, normal;
+    int bf16, block;
+    float scale;
+};
+
+#define BH_ROWS 8 /* rows per work item */
+
+static void block_item(const void *ctx, int64_t item) {
+    const struct block_job *J = ctx;
     float buf[MAX_BLOCK];
+    const int64_t n = J->n, normal = J->normal, block = J->block;
+    const int64_t *perm = J->perm;
+    const int bf16 = J->bf16;
+    const size_t es = bf16 ? 2 : 4;
+    const int64_t r1 = (item + 1) * BH_ROWS < J->rows ? (item + 1) * BH_ROWS : J->rows;
+    for (int64_t r = item * BH_ROWS; r < r1; r++) {
+        int64_t xo = r * J->x_stride, yo = r * n;
+        for (int64_t b = 0; b < normal; b += block) {
+            int64_t i = 0;
+            if (perm) {
+                for (; i < block; i++) buf[i] = act_at(J->x, bf16, xo + perm[b + i]);
+            } else {
+#if defined(__AVX2__)
+                for (; i + 8 <= block; i += 8) _mm256_storeu_ps(buf + i, act_load8(J->x, bf16, xo + b + i));
+#endif
+                for (; i < block; i++) buf[i] = act_at(J->x, bf16, xo + b + i);
+            }
+            butterfly(buf, block, J->scale);
+            if (bf16)
+                f32_to_bf16_row((uint16_t *)J->y + yo + b, buf, block);
+            else
+                memcpy((float *)J->y + yo + b, buf, (size_t)block * sizeof(float));
+        }
+        if (!perm) {
+            memcpy((uint8_t *)J->y + (size_t)(yo + normal) * es, (const uint8_t *)J->x + (size_t)(xo + normal) * es,
+                   (size_t)(n - normal) * es);
+        } else if (bf16) {
+            for (int64_t j = normal; j < n; j++) ((uint16_t *)J->y)[yo + j] = ((const uint16_t *)J->x)[xo + perm[j]];
+        } else {
+            for (int64_t j = normal; j < n; j++) ((float *)J->y)[yo + j] = ((const float *)J->x)[xo + perm[j]];
+        }
+    }
+}
+
+/* x, y: rows x n values, float32 (bf16 = 0) or bfloat16 (bf16 = 1), row strides x_stride and
+ * n (y contiguous). perm (NULL: none): row j of the result reads x's channel perm[j] (the outlier
+ * reorder the -rot presets' transform follows, gathered here instead of in a pass of its own; the
+ * same values, so the same bits). Rows in items of BH_ROWS on up to `threads` threads (work_pool.h)
+ * when the call is large enough. Returns 0, or -1 (nothing written) for a block that is not a
+ * power of two in [2, MAX_BLOCK], a `normal` that is not a multiple of it within n, or an index of
+ * perm outside the row. */
+int block_hadamard(const void *x, int bf16, int64_t rows, int64_t n, int64_t x_stride, int64_t normal, int block,
+                   float scale, void *y, const int64_t *perm, int threads) {
     if (block < 2 || block > MAX_BLOCK || (block & (block - 1)) || normal < 0 || normal > n || normal % block
         || rows < 0 || x_stride < n)
         return -1;
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t xo = r * x_stride, yo = r * n;
-        for (int64_t b = 0; b < normal; b += block) {
-            for (int i = 0; i < block; i++) buf[i] = act_at(x, bf16, xo + b + i);
-            butterfly(buf, block, scale);
-            if (bf16)
-                for (int i = 0; i < block; i++) ((uint16_t *)y)[yo + b + i] = f32_to_bf16(buf[i]);
-            else
-                memcpy((float *)y + yo + b, buf, (size_t)block * sizeof(float));
-        }
-        size_t es = bf16 ? 2 : 4, tail = (size_t)(n - normal);
-        memcpy((uint8_t *)y + (size_t)(yo + normal) * es, (const uint8_t *)x + (size_t)(xo + normal) * es, tail * es);
-    }
+    for (int64_t j = 0; perm && j < n; j++)
+        if (perm[j] < 0 || perm[j] >= n) return -1;
+    const struct block_job J = {x, y, perm, rows, n, x_stride, normal, bf16, block, scale};
+    const int64_t items = (rows + BH_ROWS - 1) / BH_ROWS;
+    pool_run(block_item, &J, items, rows * n >= 65536 ? threads : 1);
     return 0;
 }
 

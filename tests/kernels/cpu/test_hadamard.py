@@ -40,6 +40,42 @@ def test_same_bits_as_the_torch_transform(dtype, flags):
     assert torch.equal(_bits(hk.block_hadamard(xt, 512, 128, lib=lib)), _bits(hk.block_hadamard_reference(xt, 512, 128)))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("flags", [None, PORTABLE], ids=["native", "portable"])
+def test_gathering_in_the_same_pass_gives_the_bits_of_gathering_first(dtype, flags):
+    """``perm``: the -rot presets' reorder read by the transform itself, on one thread or several
+    (120 x 1536 values: over the threads' threshold)."""
+    lib = hk.library(flags)
+    if lib is None:
+        pytest.skip("build failed")
+    g = torch.Generator().manual_seed(1)
+    for n, normal, block in CASES:
+        perm = torch.randperm(n, generator=g)
+        for tokens in (0, 1, 17, 120):
+            x = (torch.randn(tokens, n, generator=g) * torch.rand(n, generator=g) * 50).to(dtype)
+            got = hk.block_hadamard(x, normal, block, lib=lib, perm=perm)
+            want = hk.block_hadamard_reference(x[..., perm], normal, block)
+            assert torch.equal(_bits(got), _bits(want)), (n, normal, block, tokens)
+    x = (torch.randn(2, 5, 700, generator=g) * 9).to(dtype)[..., 50:626]  # strided rows, read in place
+    perm = torch.randperm(576, generator=g)
+    assert torch.equal(_bits(hk.block_hadamard(x, 512, 128, lib=lib, perm=perm)),
+                       _bits(hk.block_hadamard_reference(x[..., perm], 512, 128)))
+    bad = perm.clone()
+    bad[3] = 576
+    with pytest.raises(ValueError, match="perm index outside"):
+        hk.block_hadamard(x, 512, 128, lib=lib, perm=bad)
+    with pytest.raises(ValueError, match="int64"):
+        hk.block_hadamard(x, 512, 128, lib=lib, perm=perm.int())
+
+
+def test_block_hadamard_module_gathers_with_its_perm():
+    b = BlockHadamard(1536, 1472, 64)
+    x, perm = torch.randn(9, 1536).bfloat16(), torch.randperm(1536)
+    want = hk.block_hadamard_reference(x[..., perm], 1472, 64)
+    assert torch.equal(_bits(b(x, perm)), _bits(want))
+    assert torch.equal(_bits(b(x.half(), perm).bfloat16()), _bits(hk.block_hadamard_reference(x.half()[..., perm], 1472, 64).bfloat16()))
+
+
 def test_non_finite_values_stay_where_torch_puts_them():
     x = torch.randn(3, 576)
     x[0, 5], x[1, 300], x[2, 550] = float("nan"), float("inf"), float("nan")
