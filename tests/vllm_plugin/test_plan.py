@@ -61,6 +61,18 @@ def test_int4_kv_cache_is_served_with_vllms_cache_and_says_so(tmp_path_factory):
     assert "INT4 KV cache" in note and "kv_cache_dtype='auto'" in note
 
 
+def test_the_main_jobs_checkpoint_is_served_with_its_block_hadamard_and_vllms_cache(tmp_path_factory):
+    """w4a4-kv4-rot: every linear's block Hadamard is applied by the op; the INT4 cache is vLLM's own."""
+    from lowbit.formats.scheme import GPTQArgs
+
+    plan = plan_from_meta(_meta(tmp_path_factory, get_scheme("w4a4-kv4-rot").with_(gptq=GPTQArgs(enabled=False))))
+    assert "INT4 KV cache" in plan.kv_cache_note
+    for prefix in ("model.layers.0.self_attn.qkv_proj", "model.layers.0.self_attn.o_proj",
+                   "model.layers.0.mlp.gate_up_proj", "model.layers.0.mlp.down_proj"):
+        layout, _ = plan.layer(prefix)
+        assert layout.input_transform["kind"] == "block-hadamard" and layout.has_input_perm, prefix
+
+
 def test_tp_checkpoint_gives_each_rank_its_part_of_the_row_parallel_linears(w4a4, tmp_path_factory):
     """A ``--tp 2`` checkpoint: rank r's o_proj / down_proj is part r (its own input slice, outliers
     and permutation), read under the layer's name; column-parallel layers are whole (vLLM's rows
