@@ -3,7 +3,8 @@ online transform (:mod:`lowbit.nn.online_hadamard`), in the order the layer was 
 
 A transform that runs before the reorder (``before_perm``: the R4 Hadamard) leaves the reorder to
 the kernel (W4A4's reads x through it in C); one that runs after it (the block Hadamard of the
-``-rot`` presets) needs x reordered first, outside the kernel.
+``-rot`` presets) needs x reordered first, outside the kernel: it is called as ``transform(x,
+perm)`` and reads x through the reorder itself (one C pass on CPU).
 """
 
 from __future__ import annotations
