@@ -15,7 +15,7 @@ from torch import nn
 from lowbit.kernels.dispatch import PreparedLinear, prepare
 from lowbit.kernels.linear_params import KernelError, from_quant_linear
 
-from .online_input import prepare_input, split_perm
+from .online_input import input_steps, prepare_input
 
 
 class KernelLinear(nn.Module):
@@ -35,15 +35,9 @@ class KernelLinear(nn.Module):
         the reorder still runs)."""
         from lowbit.nn.quant_linear import module_bytes
 
-        p = from_quant_linear(ql)
-        dev = ql.qweight.device
-        transform = getattr(ql, "input_transform", None)
-        if input_folded and transform is not None and transform.before_perm:
-            raise KernelError("an input order cannot be folded upstream past a transform that runs before it")
-        perm = None if ql.input_perm is None or input_folded else ql.input_perm.clone()
-        in_kernel, outside = split_perm(perm, transform)
-        return cls(prepare(p, dev, kernel, input_perm=in_kernel), ql.in_features, ql.out_features, outside,
-                   module_bytes(ql), transform)
+        in_kernel, outside, transform = input_steps(ql, input_folded)
+        return cls(prepare(from_quant_linear(ql), ql.qweight.device, kernel, input_perm=in_kernel), ql.in_features,
+                   ql.out_features, outside, module_bytes(ql), transform)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.prepared.batched(prepare_input(x, self.input_perm, self.input_transform))

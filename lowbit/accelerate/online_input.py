@@ -13,6 +13,20 @@ import torch
 from torch import nn
 
 from lowbit.kernels.channel_order import permute_channels
+from lowbit.kernels.linear_params import KernelError
+
+
+def input_steps(ql: nn.Module, folded: bool = False
+                ) -> tuple[torch.Tensor | None, torch.Tensor | None, nn.Module | None]:
+    """``(the reorder the kernel reads x through, the reorder applied before the transform, the
+    transform)`` of the packed linear ``ql``; ``folded``: the layer before already writes x in
+    ``ql``'s input order (:func:`lowbit.accelerate.fuse.down_input_orders`), which a transform
+    that runs before the reorder forbids (KernelError)."""
+    transform = getattr(ql, "input_transform", None)
+    if folded and transform is not None and transform.before_perm:
+        raise KernelError("an input order cannot be folded upstream past a transform that runs before it")
+    perm = None if ql.input_perm is None or folded else ql.input_perm.clone()
+    return (*split_perm(perm, transform), transform)
 
 
 def split_perm(perm: torch.Tensor | None, transform: nn.Module | None
@@ -35,7 +49,7 @@ def prepare_input(x: torch.Tensor, perm: torch.Tensor | None, transform: nn.Modu
     if transform is not None and transform.before_perm:
         x = transform(x)
     elif transform is not None:
-        return transform(x, perm) if perm is not None else transform(x)  # the block Hadamard gathers as it reads
+        return transform(x, perm)  # the block Hadamard gathers as it reads
     if perm is not None:
         x = permute_channels(x, perm)
     return x

@@ -83,11 +83,10 @@ class BlockHadamard(nn.Module):
         on CPU the C call gathers in the same pass."""
         if x.shape[-1] != self.n:
             raise OnlineTransformError(f"block Hadamard of width {self.n} got an input of width {x.shape[-1]}")
-        if perm is not None and not x.is_cuda:
-            y = block_hadamard(x, self.normal, self.block, perm=perm.to(torch.int64))
+        if perm is not None:
+            y = block_hadamard(x, self.normal, self.block, perm=perm.to(torch.int64))  # None off the CPU
             if y is not None:
                 return y
-        if perm is not None:
             x = permute_channels(x, perm)
         if x.is_cuda and triton_backend.available() and self.block <= triton_hadamard.MAX_BLOCK:
             return triton_hadamard.block_hadamard_triton(x, self.normal, self.block)  # the same bits

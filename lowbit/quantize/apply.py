@@ -80,22 +80,20 @@ def quantize_model(model: nn.Module, scheme: Scheme, calib_ids: torch.Tensor | N
     report = QuantizeReport(scheme, 0 if calib_ids is None else calib_ids.shape[0],
                             0 if calib_ids is None else calib_ids.shape[1], 0.0, 0)
     layers = adapter.layers(model)
-    head_done = not steps.lm_head
     if steps.needs_linear_stats:
         orig_device = next(model.parameters()).device
         _to_device(model, device)
         last = _quantize_layers(model, adapter, layers, scheme, steps, splits, calib_ids, device, batch_size,
                                 progress, load_layer, report)
-        if not head_done:  # on the calibration device, with what the head reads
+        if steps.lm_head:  # on the calibration device, with what the head reads
             _quantize_head(model, scheme, get_path(model, adapter.arch.final_norm), last)
-            head_done = True
         del last
         model.to(orig_device)
         report.layers = len(layers)
     elif load_layer is not None:  # nothing to calibrate (a KV-cache-only scheme): just load the layers
         for i, layer in enumerate(layers):
             load_layer(i, layer, "cpu")
-    if not head_done:
+    if steps.lm_head and not steps.needs_linear_stats:  # no calibration outputs: RTN
         quantize_head(model, scheme.lm_head)
     if steps.kv_cache:
         install_scheme_kv_cache(model, scheme.kv_cache)
