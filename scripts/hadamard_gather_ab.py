@@ -31,7 +31,7 @@ def _median_us(f, n=300):
 def _one_thread(lib, x, normal, block):
     """The C transform with threads=1, as it ran before the work pool."""
     y = torch.empty_like(x)
-    lib.block_hadamard(x.data_ptr(), 1, x.shape[0], x.shape[1], x.stride(0), normal, block, hk._scale(block),
+    lib.block_hadamard(x.data_ptr(), 1, x.shape[0], x.shape[1], x.stride(0), normal, block, hk.inverse_sqrt_f32(block),
                        y.data_ptr(), None, 1)
     return y
 

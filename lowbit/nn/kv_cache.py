@@ -8,7 +8,9 @@ cache dequantized, including the tokens just written, so prefill and decode both
 exactly what is stored (this is also what perplexity measures).
 
 With ``hadamard`` (QuaRot's R3) each head's keys and values are rotated by the orthonormal
-Hadamard ``R`` of order head_dim before they are quantized and rotated back (``Rᵀ``) when read.
+Hadamard ``R`` of order head_dim before they are quantized and rotated back (``Rᵀ``) when read:
+by the butterfly of ``fast_transform`` where head_dim is a power of two (``R = Rᵀ``; the C decode
+step repeats its bits), by a dense product otherwise.
 Keys arrive after RoPE, so attention sees ``q·(k̂)ᵀ`` with ``k̂ = deq(k R) Rᵀ``, which equals
 rotating both q and k online, as QuaRot's kernels do. A head's few large channels (RoPE's
 low-frequency pairs) then no longer set the scale of every token.
@@ -22,7 +24,9 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from lowbit.formats import PerToken, QParams, choose_qparams, dequantize, pack, quantize, unpack
-from lowbit.formats.hadamard import orthonormal
+from lowbit.formats.hadamard import fast_transform, orthonormal
+from lowbit.kernels.cpu import decode_ops
+from lowbit.kernels.cpu import hadamard as hadamard_kernels
 
 
 def head_dim(config) -> int:
@@ -38,6 +42,12 @@ def head_rotation(n: int) -> torch.Tensor:
     return orthonormal(n, torch.float32)
 
 
+def _butterfly(x: torch.Tensor) -> torch.Tensor:
+    """``fast_transform`` of float32 rows: in one C call where it applies (the same bits), else torch's."""
+    y = hadamard_kernels.input_hadamard(x)
+    return fast_transform(x) if y is None else y
+
+
 class PackedKV:
     """``[B, H, T, D]`` states as packed codes ``[B, H, T·D/g, bytes]`` plus scale/zero ``[B, H, T·D/g]``
     (g = ``group``, or D when 0: one scale per token per head)."""
@@ -45,10 +55,8 @@ class PackedKV:
     def __init__(self, bits: int, symmetric: bool, hadamard: bool = False, group: int = 0):
         self.bits, self.symmetric, self.hadamard, self.group = bits, symmetric, hadamard, group
         self.rotation: torch.Tensor | None = None
-        self.codes: torch.Tensor | None = None
-        self.scale: torch.Tensor | None = None
-        self.zero: torch.Tensor | None = None
-        self._bufs: list | None = None  # codes, scale, zero with room to append (see _append_rows)
+        self._bufs: list | None = None  # codes, scale, zero (or None) with room to append (see reserve)
+        self.rows = 0  # the stored rows: the first ``rows`` of each buffer
         self.head_dim = 0
 
     def append(self, x: torch.Tensor) -> None:
@@ -58,14 +66,10 @@ class PackedKV:
             raise ValueError(f"KV cache groups of {g} values do not divide head_dim {d}")
         self.head_dim = d
         if self.hadamard:
-            if self.rotation is None:
-                self.rotation = head_rotation(d).to(x.device)
-            x = x.float() @ self.rotation
+            x = self.rotate(x)
         x = x.reshape(b, h, t * (d // g), g)  # a group is a row: PerToken quantizes each one
         if not self.symmetric:
-            from lowbit.kernels.cpu.decode_ops import kv_quant_rows
-
-            fast = kv_quant_rows(x.reshape(-1, g).float(), self.bits) if x.is_cpu else None
+            fast = decode_ops.kv_quant_rows(x.reshape(-1, g).float(), self.bits) if x.is_cpu else None
             if fast is not None:  # the same bits in one native call (a decode step appends 2 per layer)
                 codes, scale, zero = fast
                 self._append_rows(codes.reshape(b, h, t * (d // g), -1), scale.reshape(b, h, -1), zero.reshape(b, h, -1))
@@ -79,30 +83,61 @@ class PackedKV:
         zero = qp.zero_point.to(torch.uint8).reshape(b, h, -1) if qp.zero_point is not None else None
         self._append_rows(codes, scale, zero)
 
-    def _append_rows(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None) -> None:
-        """Write the new rows after the stored ones, into buffers grown by an eighth (at least 256
-        rows) when full: one decode step copies its own rows, not the whole cache. :meth:`nbytes`
-        counts the stored rows; the buffers hold up to that eighth (or 256 rows) more."""
-        new = codes.shape[2]
-        n = 0 if self.codes is None else self.codes.shape[2]
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        """``x R`` in float32 over the last dimension (R the orthonormal Hadamard of that order)."""
+        d = x.shape[-1]
+        if d & (d - 1) == 0:
+            return _butterfly(x.float())
+        if self.rotation is None:
+            self.rotation = head_rotation(d).to(x.device)
+        return x.float() @ self.rotation
+
+    def unrotate(self, y: torch.Tensor) -> torch.Tensor:
+        """``y Rᵀ`` in float32 (for a power of two ``Rᵀ = R``: the same butterfly)."""
+        d = y.shape[-1]
+        return _butterfly(y.float()) if d & (d - 1) == 0 else y.float() @ self.rotation.T
+
+    def reserve(self, shape: tuple, new: int, parts: tuple | None = None) -> list:
+        """The buffers, with room for ``new`` rows after the stored ones (``shape``: batch and heads;
+        ``parts``: codes, scale, zero or None, whose trailing shapes and dtypes the buffers take;
+        None: the buffers' own): grown by an eighth (at least 256 rows) when full, so one decode
+        step copies its own rows, not the whole cache. :meth:`nbytes` counts the stored rows; the
+        buffers hold more."""
+        n = self.rows
         bufs = self._bufs
-        if bufs is None or bufs[0].shape[2] < n + new or bufs[0].shape[:2] != codes.shape[:2]:
+        if n and tuple(bufs[0].shape[:2]) != tuple(shape):
+            raise ValueError(f"the KV cache holds batch x heads {tuple(bufs[0].shape[:2])}, new states have {tuple(shape)}")
+        if bufs is None or bufs[0].shape[2] < n + new:
+            parts = parts or bufs
             cap = n + new + max(256, (n + new) // 8)
             grown = []
-            for old, part in ((self.codes, codes), (self.scale, scale), (self.zero, zero)):
+            for old, part in ((self.codes, parts[0]), (self.scale, parts[1]), (self.zero, parts[2])):
                 if part is None:
                     grown.append(None)
                     continue
-                buf = part.new_empty((*part.shape[:2], cap, *part.shape[3:]))
+                buf = part.new_empty((*shape, cap, *part.shape[3:]))
                 if old is not None:
                     buf[:, :, :n] = old
                 grown.append(buf)
             bufs = self._bufs = grown
+        return bufs
+
+    def _stored(self, i: int) -> torch.Tensor | None:
+        buf = None if self._bufs is None else self._bufs[i]
+        return None if buf is None else buf[:, :, :self.rows]
+
+    codes = property(lambda self: self._stored(0), doc="packed codes ``[B, H, rows, g·bits/8]`` uint8")
+    scale = property(lambda self: self._stored(1), doc="fp16 scales ``[B, H, rows]``")
+    zero = property(lambda self: self._stored(2), doc="uint8 zero points ``[B, H, rows]`` (None if symmetric)")
+
+    def _append_rows(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None) -> None:
+        """Write the new rows after the stored ones (:meth:`reserve`)."""
+        n, new = self.rows, codes.shape[2]
+        bufs = self.reserve(codes.shape[:2], new, (codes, scale, zero))
         for buf, part in zip(bufs, (codes, scale, zero)):
             if part is not None:
                 buf[:, :, n:n + new] = part
-        self.codes, self.scale = bufs[0][:, :, :n + new], bufs[1][:, :, :n + new]
-        self.zero = bufs[2][:, :, :n + new] if bufs[2] is not None else None
+        self.rows = n + new
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         d = self.head_dim
@@ -113,15 +148,12 @@ class PackedKV:
         qp = QParams(self.scale.reshape(-1), zp, self.bits, self.symmetric, True, PerToken())
         b, h = q.shape[:2]
         if self.hadamard:
-            return (dequantize(q, qp, torch.float32).reshape(b, h, -1, d) @ self.rotation.T).to(dtype)
+            return self.unrotate(dequantize(q, qp, torch.float32).reshape(b, h, -1, d)).to(dtype)
         return dequantize(q, qp, dtype).reshape(b, h, -1, d)
 
     def index_select(self, idx: torch.Tensor) -> None:
-        self._bufs = None  # the selected rows are new tensors; the next append grows them again
-        self.codes = self.codes.index_select(0, idx)
-        self.scale = self.scale.index_select(0, idx)
-        if self.zero is not None:
-            self.zero = self.zero.index_select(0, idx)
+        if self._bufs is not None:
+            self._bufs = [None if b is None else b.index_select(0, idx) for b in self._bufs]
 
     def nbytes(self) -> int:
         ts = [t for t in (self.codes, self.scale, self.zero) if t is not None]
@@ -171,21 +203,42 @@ class PackedKVLayer(DynamicLayer):
         dequantizing the cache (with ``hadamard`` the query is rotated in and the result out, as
         ``q·(k̂)ᵀ = (qR)·deq(kR)ᵀ``). Returns ``[B, 1, Hq, D]`` in the query's dtype, or None (nothing
         stored) where the native kernel does not take this layout: then ``update`` is the way."""
-        from lowbit.kernels.cpu.decode_ops import attention_decode_packed, packed_decode_applies
-
         d = query.shape[-1]
-        if not self.is_initialized or not packed_decode_applies(query, self.bits, self.group or d, d):
+        if not self.is_initialized or not decode_ops.packed_decode_applies(query, self.bits, self.group or d, d):
             return None
+        out = self._one_call(query, key_states, value_states, scaling)
+        if out is not None:
+            return out
         self.cumulative_length += key_states.shape[-2]
         keys, values = self._quantized_keys, self._quantized_values
         keys.append(key_states)
         values.append(value_states)
-        q = query.float() @ keys.rotation if self.hadamard else query
-        out = attention_decode_packed(q, keys.codes, keys.scale, keys.zero, values.codes, values.scale, values.zero,
-                                      self.bits, self.group or d, scaling)
+        q = keys.rotate(query) if self.hadamard else query
+        out = decode_ops.attention_decode_packed(q, keys.codes, keys.scale, keys.zero, values.codes, values.scale,
+                                                 values.zero, self.bits, self.group or d, scaling)
         if self.hadamard:
-            out = out @ values.rotation.T
+            out = values.unrotate(out)
         return out.to(query.dtype).unsqueeze(1)
+
+    def _one_call(self, query, key_states, value_states, scaling) -> torch.Tensor | None:
+        """:meth:`attend_one` as one native call (``kv_decode_step``: the same bits), or None where
+        it does not apply (a symmetric cache, a dense rotation, other dtypes or layouts)."""
+        keys, values = self._quantized_keys, self._quantized_values
+        d = query.shape[-1]
+        g = self.group or d
+        if self.symmetric or not keys.rows or keys.head_dim != d or key_states.shape[-2] != 1:
+            return None
+        n = keys.rows
+        per = d // g
+        shape = key_states.shape[:2]
+        kb, vb = keys.reserve(shape, per), values.reserve(shape, per)
+        out = decode_ops.kv_decode_step(query, key_states, value_states, kb, vb, n // per, self.bits, g, self.hadamard,
+                                        scaling)
+        if out is None:
+            return None
+        keys.rows = values.rows = n + per
+        self.cumulative_length += 1
+        return out
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         if self.is_initialized:

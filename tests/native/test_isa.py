@@ -225,3 +225,29 @@ def test_each_runnable_variant_packed_attention_within_bound(variant):
         ref = decode_ops.attention_decode_reference(q.double(), k.dequantize(torch.float32).double(),
                                                     v.dequantize(torch.float32).double(), 0.125)
         torch.testing.assert_close(out.double(), ref[:, 0], rtol=2e-5, atol=2e-5, msg=f"{variant.name} {bits}-bit g{group}")
+
+
+@X86
+@pytest.mark.parametrize("variant", [v for v in isa.VARIANTS if v.needs], ids=lambda v: v.name)
+def test_each_runnable_variant_decode_step_writes_the_portable_codes(variant):
+    """The one-call decode step over a packed KV cache in every build this CPU runs: the new rows
+    (rotated by the butterfly, then quantized) are the portable build's bits; the attention is
+    within float32 rounding of it (each within 2e-5 of float64: test_packed_attention_...)."""
+    from lowbit.nn.kv_cache import PackedKV
+
+    if not isa.runnable(variant):
+        pytest.skip(f"this CPU lacks {', '.join(isa.missing(variant))} for {variant.name}")
+    torch.manual_seed(9)
+    q, k, v = torch.randn(2, 6, 1, 64), torch.randn(2, 2, 1, 64) * 3, torch.randn(2, 2, 1, 64)
+    for rotate in (False, True):
+        runs = []
+        for lib in (decode_ops.library(("-O3",)), decode_ops.library(_flags(variant))):
+            sides = [PackedKV(4, False), PackedKV(4, False)]
+            for side, x in zip(sides, (torch.randn(2, 2, 33, 64, generator=torch.Generator().manual_seed(1)),) * 2):
+                side.append(x)
+                side.reserve((2, 2), 1)
+            out = decode_ops.kv_decode_step(q, k, v, sides[0]._bufs, sides[1]._bufs, 33, 4, 64, rotate, 0.125, lib=lib)
+            runs.append((out, [t[:, :, 33].clone() for s in sides for t in s._bufs]))
+        (want, rows_want), (got, rows_got) = runs
+        assert all(torch.equal(a, b) for a, b in zip(rows_want, rows_got)), (variant.name, rotate)
+        torch.testing.assert_close(got, want, rtol=4e-5, atol=4e-5, msg=f"{variant.name} rotate={rotate}")

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from lowbit.formats import PerToken, choose_qparams
@@ -200,3 +201,58 @@ def test_packed_cache_runs_under_vllms_older_transformers(tmp_path):
         out = model(ids, cache=cache).logits[:, -1:]
         step = model(out.argmax(-1), cache=cache).logits
     torch.testing.assert_close(torch.load(tmp_path / "out.pt"), torch.cat([out, step], 1), rtol=1e-4, atol=1e-5)
+
+
+def test_power_of_two_heads_rotate_by_the_butterfly_both_ways():
+    """A head of 2^k values is rotated by ``fast_transform`` (C or torch: the same bits), and read
+    back by the same butterfly (the Sylvester Hadamard is symmetric): what the one-call decode
+    step repeats in C."""
+    from lowbit.formats import dequantize, quantize
+    from lowbit.formats.hadamard import fast_transform
+
+    torch.manual_seed(4)
+    x = torch.randn(2, 3, 10, 64).bfloat16()
+    kv = PackedKV(4, symmetric=False, hadamard=True)
+    kv.append(x)
+    y = fast_transform(x.float())
+    qp = choose_qparams(y, 4, symmetric=False, granularity=PerToken(), scale_dtype=torch.float16)
+    assert torch.equal(kv.scale, qp.scale.reshape(2, 3, 10))
+    want = fast_transform(dequantize(quantize(y, qp), qp, torch.float32)).bfloat16()
+    assert torch.equal(kv.dequantize(torch.bfloat16), want)
+
+
+@pytest.mark.parametrize("hadamard,group", [(True, 0), (False, 16)])
+def test_decode_step_in_one_call_is_its_steps_as_the_cache_grows(hadamard, group, monkeypatch):
+    """``attend_one`` by one native call (``kv_decode_step``) against the same layer taking its
+    steps one by one: the same outputs, codes, scales and zero points, bit for bit, over 300 steps
+    (the buffers grow at 261 positions), with the positions counted alike."""
+    from lowbit.kernels.cpu import decode_ops
+    from lowbit.nn.kv_cache import PackedKVLayer
+
+    if decode_ops.library() is None:
+        pytest.skip("no C compiler for the native ops")
+    torch.manual_seed(5)
+    one, steps = PackedKVLayer(4, False, hadamard, group), PackedKVLayer(4, False, hadamard, group)
+    k, v = torch.randn(1, 2, 5, 64).bfloat16(), torch.randn(1, 2, 5, 64).bfloat16()
+    one.update(k, v), steps.update(k, v)
+    calls = []
+    real = decode_ops.kv_decode_step
+    for _ in range(300):
+        q, kn, vn = torch.randn(1, 4, 1, 64).bfloat16(), torch.randn(1, 2, 1, 64).bfloat16(), torch.randn(1, 2, 1, 64).bfloat16()
+        monkeypatch.setattr(decode_ops, "kv_decode_step", lambda *a, **kw: calls.append(real(*a, **kw)) or calls[-1])
+        a = one.attend_one(q, kn, vn, 0.125)
+        monkeypatch.setattr(decode_ops, "kv_decode_step", lambda *a, **kw: None)
+        b = steps.attend_one(q, kn, vn, 0.125)
+        assert torch.equal(a, b)
+    assert all(c is not None for c in calls) and len(calls) == 300
+    assert one.get_seq_length() == steps.get_seq_length() == 305
+    for x, y in ((one._quantized_keys, steps._quantized_keys), (one._quantized_values, steps._quantized_values)):
+        assert torch.equal(x.codes, y.codes) and torch.equal(x.scale, y.scale) and torch.equal(x.zero, y.zero)
+    assert one.nbytes() == steps.nbytes()
+
+
+def test_a_cache_refuses_states_of_another_batch():
+    kv = PackedKV(4, symmetric=False)
+    kv.append(torch.randn(1, 2, 3, 16))
+    with pytest.raises(ValueError, match="batch x heads"):
+        kv.append(torch.randn(4, 2, 1, 16))  # would have broadcast the stored rows into 4 sequences

@@ -1,5 +1,6 @@
 """One-call CPU versions of a decode step's small non-linear ops (``csrc/decode_ops.c``):
-RMSNorm, the rotary embedding and the attention of one new query over the KV cache.
+RMSNorm, the rotary embedding and the attention of one new query over the KV cache (a plain
+one, or a packed one: its new rows written, rotated and attended in one call).
 
 Each returns None where it does not apply (no C build, another device or dtype, a head dim over
 256), so the caller keeps PyTorch's path; the torch formulas next to them are the references the
@@ -12,6 +13,7 @@ import ctypes
 
 import torch
 
+from lowbit.kernels.cpu.hadamard import inverse_sqrt_f32
 from lowbit.kernels.cpu.kernel_library import KernelLibrary
 
 _F32, _BF16 = torch.float32, torch.bfloat16
@@ -32,6 +34,9 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.attn_decode_packed.restype = ci
     lib.kv_quant_rows.argtypes = [vp, i64, i64, ci, vp, vp, vp]
     lib.kv_quant_rows.restype = ci
+    lib.kv_decode_step.argtypes = [vp, i64, i64, vp, i64, i64, vp, i64, i64, ci, vp, vp, vp, vp, vp, vp, i64, i64, ci,
+                                   i64, i64, i64, i64, i64, ci, cf, cf, vp, ci]
+    lib.kv_decode_step.restype = ci
 
 
 _LIB = KernelLibrary("decode ops", "decode_ops.c", _bind)
@@ -210,3 +215,47 @@ def kv_quant_rows(x: torch.Tensor, bits: int, lib=None) -> tuple[torch.Tensor, t
     if lib.kv_quant_rows(x.data_ptr(), n, g, bits, codes.data_ptr(), scale.data_ptr(), zero.data_ptr()):
         return None
     return codes, scale, zero
+
+
+def _side_buffers(bufs, B: int, Hkv: int, rb: int) -> bool:
+    codes, scale, zero = bufs
+    cap = codes.shape[2] if codes.dim() == 4 else -1
+    return (zero is not None and codes.dtype == torch.uint8 and scale.dtype == torch.float16 and zero.dtype == torch.uint8
+            and codes.shape == (B, Hkv, cap, rb) and scale.shape == (B, Hkv, cap) and zero.shape == scale.shape
+            and all(t.is_contiguous() and t.is_cpu for t in bufs))
+
+
+def kv_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_bufs, v_bufs, n: int, bits: int, group: int,
+                   rotate: bool, scale: float, lib=None) -> torch.Tensor | None:
+    """A decode step over an asymmetric packed KV cache in one call: the new keys and values ``k, v
+    [B, Hkv, 1, D]`` rotated (``rotate``: by the Hadamard of order D, a power of two) and quantized
+    into position ``n`` of the cache's buffers (``k_bufs``/``v_bufs``: codes ``[B, Hkv, cap,
+    g·bits/8]``, fp16 scales and uint8 zero points ``[B, Hkv, cap]``, contiguous, room for
+    ``(n + 1)·D/g`` rows), then ``q [B, Hq, 1, D]`` rotated in, attended over positions ``0 .. n``
+    and rotated back: ``[B, 1, Hq, D]`` in q's dtype. The same bits as ``fast_transform``,
+    :func:`kv_quant_rows`, :func:`attention_decode_packed`, ``fast_transform`` and the cast called
+    in turn (tested). None where it does not apply (no library, other dtypes or layouts, NaN/Inf
+    in k or v, a scale beyond fp16): the caller then takes that path, which raises for bad input."""
+    lib = lib or _LIB.get()
+    if lib is None or q.dim() != 4 or q.dtype not in (_F32, _BF16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        return None
+    B, Hq, one, D = q.shape
+    Hkv = k.shape[1]
+    if (one != 1 or k.shape != (B, Hkv, 1, D) or v.shape != k.shape or not (q.is_cpu and k.is_cpu and v.is_cpu)
+            or _needs_grad(q, k, v) or not 0 < D <= MAX_HEAD_DIM or group <= 0 or D % group or bits not in (4, 8)
+            or group * bits % 8 or (rotate and D & (D - 1)) or q.stride(3) != 1 or k.stride(3) != 1 or v.stride(3) != 1):
+        return None
+    rb = group * bits // 8
+    if not (_side_buffers(k_bufs, B, Hkv, rb) and _side_buffers(v_bufs, B, Hkv, rb)) or k_bufs[0].shape != v_bufs[0].shape:
+        return None
+    cap = k_bufs[0].shape[2]
+    if (n + 1) * (D // group) > cap:
+        return None
+    out = torch.empty((B, 1, Hq, D), dtype=q.dtype)
+    rc = lib.kv_decode_step(q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(),
+                            v.stride(0), v.stride(1), q.dtype is _BF16, *(t.data_ptr() for t in k_bufs),
+                            *(t.data_ptr() for t in v_bufs), cap, n, bits, group, B, Hq, Hkv, D, bool(rotate),
+                            inverse_sqrt_f32(D), scale, out.data_ptr(), torch.get_num_threads())
+    if rc == 1:
+        raise MemoryError("kv_decode_step: out of memory for its score buffer")
+    return None if rc else out

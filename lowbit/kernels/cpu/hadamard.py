@@ -51,7 +51,8 @@ def block_hadamard_reference(x: torch.Tensor, normal: int, block: int) -> torch.
 
 
 @functools.lru_cache(maxsize=None)
-def _scale(block: int) -> float:
+@functools.lru_cache(maxsize=None)
+def inverse_sqrt_f32(block: int) -> float:
     """``1/√block`` rounded to float32, the multiplier torch applies to a float32 tensor."""
     return float(torch.tensor(1.0 / math.sqrt(block), dtype=torch.float32))
 
@@ -88,7 +89,7 @@ def block_hadamard(x: torch.Tensor, normal: int, block: int, lib=None, perm: tor
     x2 = _rows(x, n)
     y = torch.empty(x.shape, dtype=dt)
     if x2.numel():
-        if lib.block_hadamard(x2.data_ptr(), dt is _BF16, x2.shape[0], n, x2.stride(0), normal, block, _scale(block),
+        if lib.block_hadamard(x2.data_ptr(), dt is _BF16, x2.shape[0], n, x2.stride(0), normal, block, inverse_sqrt_f32(block),
                               y.data_ptr(), None if perm is None else perm.data_ptr(), torch.get_num_threads()):
             raise ValueError(f"block_hadamard: the C kernel refused normal={normal}, block={block}, n={n}"
                              + ("" if perm is None else " or a perm index outside the row"))
@@ -127,7 +128,7 @@ def input_hadamard(x: torch.Tensor, lib=None) -> torch.Tensor | None:
     if x2.numel():
         signs = _small_signs(m)
         rc = lib.input_hadamard(x2.data_ptr(), x.dtype is _BF16, x2.shape[0], n, x2.stride(0), p, m, signs.data_ptr(),
-                                _scale(n), y.data_ptr())
+                                inverse_sqrt_f32(n), y.data_ptr())
         if rc:
             raise (MemoryError if rc == -2 else ValueError)(f"input_hadamard: the C kernel refused n={n} = {p}·{m} ({rc})")
     return y

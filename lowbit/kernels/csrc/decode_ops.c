@@ -14,6 +14,7 @@
 #include "bf16.h"
 #include "../../native/csrc/half.h"
 #include "work_pool.h"
+#include "hadamard_block.h" /* butterfly(): the KV cache heads' Hadamard */
 
 static inline void store_at(void *y, int bf16, int64_t j, float v) {
     if (bf16)
@@ -352,103 +353,139 @@ static inline void codes8(const uint8_t *p, int bits, __m256 *e, __m256 *o) {
 }
 #endif
 
-/* Σ_j q[j] · code j of a row of g codes. simd: 8 codes a step, q in the row's split order (a 4-bit
- * row's even values, then its odd ones; see attn_packed_item). */
-static inline float row_dot(const uint8_t *row, int bits, int64_t g, const float *q, int simd) {
+/* A row of g codes as floats, in the order the dot products read it: with SIMD a 4-bit row's
+ * even values then its odd ones, else in place; minus z (the exact integer codes minus the zero
+ * point, as every head of the group then uses them). */
+static inline void row_floats(const uint8_t *row, int bits, int64_t g, float z, int simd, float *f) {
+#if DECODE_SIMD
+    if (simd) {
+        const __m256 zv = _mm256_set1_ps(z);
+        __m256 e, o;
+        for (int64_t i = 0; i < g * bits / 8; i += 8) {
+            codes8(row + i, bits, &e, &o);
+            _mm256_storeu_ps(f + i, _mm256_sub_ps(e, zv));
+            if (bits == 4) _mm256_storeu_ps(f + g / 2 + i, _mm256_sub_ps(o, zv));
+        }
+        return;
+    }
+#endif
+    (void)simd;
+    for (int64_t j = 0; j < g; j++) f[j] = (float)packed_code(row, bits, j) - z;
+}
+
+/* Σ_j q[j] · f[j] over a row's floats (row_floats with z = 0; both in the row's order). simd: the
+ * even and odd halves of a split 4-bit row in two sums, 8 values a step. */
+static inline float row_dot(const float *f, int bits, int64_t g, const float *q, int simd) {
 #if DECODE_SIMD
     if (simd) {
         const int64_t rb = g * bits / 8;
-        __m256 d0 = _mm256_setzero_ps(), d1 = d0, e, o;
+        __m256 d0 = _mm256_setzero_ps(), d1 = d0;
         for (int64_t i = 0; i < rb; i += 8) {
-            codes8(row + i, bits, &e, &o);
-            d0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), e, d0);
-            if (bits == 4) d1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + g / 2 + i), o, d1);
+            d0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(f + i), d0);
+            if (bits == 4) d1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + g / 2 + i), _mm256_loadu_ps(f + g / 2 + i), d1);
         }
         return hsum8(_mm256_add_ps(d0, d1));
     }
 #endif
     (void)simd;
     float dot = 0.f;
-    for (int64_t j = 0; j < g; j++) dot += q[j] * (float)packed_code(row, bits, j);
+    for (int64_t j = 0; j < g; j++) dot += q[j] * f[j];
     return dot;
 }
 
-/* acc[j] += w · (code j - z) over a row, acc in the same order as row_dot's q. */
-static inline void row_acc(const uint8_t *row, int bits, int64_t g, float w, float z, float *acc, int simd) {
+/* acc[j] += w · f[j] (f: row_floats with the row's zero point), in the same order as row_dot. */
+static inline void row_acc(const float *f, int64_t g, float w, float *acc, int simd) {
 #if DECODE_SIMD
     if (simd) {
-        const int64_t rb = g * bits / 8;
-        const __m256 wv = _mm256_set1_ps(w), zv = _mm256_set1_ps(z);
-        __m256 e, o;
-        for (int64_t i = 0; i < rb; i += 8) {
-            codes8(row + i, bits, &e, &o);
-            _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(wv, _mm256_sub_ps(e, zv), _mm256_loadu_ps(acc + i)));
-            if (bits == 4)
-                _mm256_storeu_ps(acc + g / 2 + i,
-                                 _mm256_fmadd_ps(wv, _mm256_sub_ps(o, zv), _mm256_loadu_ps(acc + g / 2 + i)));
-        }
+        const __m256 wv = _mm256_set1_ps(w);
+        for (int64_t i = 0; i < g; i += 8)
+            _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(wv, _mm256_loadu_ps(f + i), _mm256_loadu_ps(acc + i)));
         return;
     }
 #endif
     (void)simd;
-    for (int64_t j = 0; j < g; j++) acc[j] += w * ((float)packed_code(row, bits, j) - z);
+    for (int64_t j = 0; j < g; j++) acc[j] += w * f[j];
 }
 
-/* Query heads h * groups .. of batch b over kv head h: scores from the codes (per row the scale
- * times (q . u - z * sum q) over the row's dims), softmax as attend_group, then the values' rows
- * weighted into float32 sums. Nothing is dequantized. With SIMD (4-bit rows of a multiple of 16
- * values, 8-bit of 8) a 4-bit row is read as its even values then its odd ones, so q and the sums
- * are kept in that order and put back at the end. */
-static void attn_packed_item(const void *ctx, int64_t it) {
-    const struct attn_packed_args *a = ctx;
-    const int64_t b = it / a->Hkv, h = it % a->Hkv, L = a->L, D = a->D, g = a->g, per = D / g;
+#define MAX_GROUPS 8
+
+/* G query heads of batch b that read kv head h (G rows of D floats at q) against its
+ * cached rows: scores from the codes (per row the scale times (q . u - z * sum q) over the row's
+ * dims), softmax as attend_group, then the values' rows weighted into float32 sums written to o
+ * (groups x D). Nothing is dequantized; each row's codes are widened once for all the group's
+ * heads, each head's sums in the order of one head alone. With SIMD (4-bit rows of a multiple of
+ * 16 values, 8-bit of 8) a 4-bit row is read as its even values then its odd ones, so q and the
+ * sums are kept in that order and put back at the end. G <= MAX_GROUPS heads (callers take a
+ * larger group in parts); scores: scratch of G x L floats. */
+static void attend_packed_heads(const struct attn_packed_args *a, int64_t b, int64_t h, int64_t G, const float *q,
+                                float *o, float *scores) {
+    const int64_t L = a->L, D = a->D, g = a->g, per = D / g;
     const int64_t rb = g * a->bits / 8; /* bytes of a row */
-    float *scores = malloc((size_t)L * sizeof(float));
-    if (!scores) {
-        atomic_store((_Atomic int *)&a->failed, 1);
-        return;
-    }
     const int simd = DECODE_SIMD && (a->bits == 4 ? g % 16 == 0 : g % 8 == 0), split = simd && a->bits == 4;
     const int zsym = 1 << (a->bits - 1);
     const uint8_t *kc = a->k.codes + b * a->k.cb + h * a->k.ch, *vc = a->v.codes + b * a->v.cb + h * a->v.ch;
     const uint16_t *ks = a->k.scale + b * a->k.sb + h * a->k.sh, *vs = a->v.scale + b * a->v.sb + h * a->v.sh;
     const uint8_t *kz = a->k.zero ? a->k.zero + b * a->k.zb + h * a->k.zh : NULL;
     const uint8_t *vz = a->v.zero ? a->v.zero + b * a->v.zb + h * a->v.zh : NULL;
-    for (int64_t gi = 0; gi < a->groups; gi++) {
-        const int64_t qh = h * a->groups + gi;
-        const float *q = a->q + (b * a->Hq + qh) * D;
-        float qs[256], qsum[256], acc[256]; /* q (and the sums) in the rows' value order */
+    float qs[MAX_GROUPS][256], qsum[MAX_GROUPS][256], f[256]; /* q (and the sums) in the rows' value order */
+    for (int64_t gi = 0; gi < G; gi++)
         for (int64_t c = 0; c < per; c++) {
+            const float *qc = q + gi * D + c * g;
             float t = 0.f;
-            for (int64_t j = 0; j < g; j++) t += q[c * g + j];
-            qsum[c] = t;
-            for (int64_t j = 0; j < g; j++) qs[c * g + split_slot(j, g, split)] = q[c * g + j];
+            for (int64_t j = 0; j < g; j++) t += qc[j];
+            qsum[gi][c] = t;
+            for (int64_t j = 0; j < g; j++) qs[gi][c * g + split_slot(j, g, split)] = qc[j];
         }
-        for (int64_t l = 0; l < L; l++) {
-            float sc = 0.f;
-            for (int64_t c = 0; c < per; c++) {
-                const int64_t r = l * per + c;
-                const float z = kz ? (float)kz[r] : (float)zsym;
-                sc += (float)h_from(ks[r]) * (row_dot(kc + r * rb, a->bits, g, qs + c * g, simd) - z * qsum[c]);
-            }
-            scores[l] = sc * a->scale;
+    for (int64_t l = 0; l < L; l++) {
+        float sc[MAX_GROUPS] = {0.f};
+        for (int64_t c = 0; c < per; c++) {
+            const int64_t r = l * per + c;
+            const float z = kz ? (float)kz[r] : (float)zsym, rs = (float)h_from(ks[r]);
+            row_floats(kc + r * rb, a->bits, g, 0.f, simd, f);
+            for (int64_t gi = 0; gi < G; gi++)
+                sc[gi] += rs * (row_dot(f, a->bits, g, qs[gi] + c * g, simd) - z * qsum[gi][c]);
         }
-        float *o = a->out + (b * a->Hq + qh) * D;
-        const float sum = softmax_weights(scores, L);
-        if (sum != sum) {
-            for (int64_t d = 0; d < D; d++) o[d] = NAN;
+        for (int64_t gi = 0; gi < G; gi++) scores[gi * L + l] = sc[gi] * a->scale;
+    }
+    float sums[MAX_GROUPS];
+    for (int64_t gi = 0; gi < G; gi++) {
+        sums[gi] = softmax_weights(scores + gi * L, L);
+        for (int64_t d = 0; d < D; d++) o[gi * D + d] = 0.f;
+    }
+    for (int64_t l = 0; l < L; l++)
+        for (int64_t c = 0; c < per; c++) {
+            const int64_t r = l * per + c;
+            const float rs = (float)h_from(vs[r]);
+            row_floats(vc + r * rb, a->bits, g, vz ? (float)vz[r] : (float)zsym, simd, f);
+            for (int64_t gi = 0; gi < G; gi++)
+                if (sums[gi] == sums[gi]) row_acc(f, g, scores[gi * L + l] * rs, o + gi * D + c * g, simd);
+        }
+    for (int64_t gi = 0; gi < G; gi++) {
+        float *og = o + gi * D, acc[256];
+        if (sums[gi] != sums[gi]) {
+            for (int64_t d = 0; d < D; d++) og[d] = NAN;
             continue;
         }
-        for (int64_t d = 0; d < D; d++) acc[d] = 0.f;
-        for (int64_t l = 0; l < L; l++)
-            for (int64_t c = 0; c < per; c++) {
-                const int64_t r = l * per + c;
-                row_acc(vc + r * rb, a->bits, g, scores[l] * (float)h_from(vs[r]), vz ? (float)vz[r] : (float)zsym,
-                        acc + c * g, simd);
-            }
-        const float inv = 1.0f / sum;
+        const float inv = 1.0f / sums[gi];
+        for (int64_t d = 0; d < D; d++) acc[d] = og[d];
         for (int64_t c = 0; c < per; c++)
-            for (int64_t j = 0; j < g; j++) o[c * g + j] = acc[c * g + split_slot(j, g, split)] * inv;
+            for (int64_t j = 0; j < g; j++) og[c * g + j] = acc[c * g + split_slot(j, g, split)] * inv;
+    }
+}
+
+/* Query heads h * groups .. of batch b over kv head h (one work item). */
+static void attn_packed_item(const void *ctx, int64_t it) {
+    const struct attn_packed_args *a = ctx;
+    const int64_t b = it / a->Hkv, h = it % a->Hkv;
+    float *scores = malloc((size_t)(a->L * MAX_GROUPS) * sizeof(float));
+    if (!scores) {
+        atomic_store((_Atomic int *)&a->failed, 1);
+        return;
+    }
+    for (int64_t g0 = 0; g0 < a->groups; g0 += MAX_GROUPS) {
+        const int64_t q0 = (b * a->Hq + h * a->groups + g0) * a->D;
+        const int64_t G = a->groups - g0 < MAX_GROUPS ? a->groups - g0 : MAX_GROUPS;
+        attend_packed_heads(a, b, h, G, a->q + q0, a->out + q0, scores);
     }
     free(scores);
 }
@@ -481,38 +518,128 @@ int attn_decode_packed(const float *q, const uint8_t *kc, const uint16_t *ks, co
  * rint to nearest even, IEEE divisions; codes packed as PackedKV stores them (4 bits: two a byte,
  * low nibble first; 8: one a byte). Returns 0; 2 for bits other than 4 and 8 or an odd g at 4 bits;
  * 3 when a row holds NaN or Inf, 4 when a scale overflows fp16 (nothing useful written: the caller
- * takes the generic path, which says why). */
-int kv_quant_rows(const float *x, int64_t rows, int64_t g, int bits, uint8_t *codes, uint16_t *scale, uint8_t *zero) {
-    if ((bits != 4 && bits != 8) || g <= 0 || (bits == 4 && g % 2)) return 2;
+ * takes the generic path, which says why). quant_row does one row, kv_quant_rows many. */
+static int quant_row(const float *v, int64_t g, int bits, uint8_t *out, uint16_t *scale, uint8_t *zero) {
     const float qmax = (float)((1 << bits) - 1);
-    const int64_t rb = g * bits / 8;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *v = x + r * g;
-        float lo = 0.f, hi = 0.f;
-        for (int64_t j = 0; j < g; j++) {
-            if (!isfinite(v[j])) return 3;
-            lo = v[j] < lo ? v[j] : lo;
-            hi = v[j] > hi ? v[j] : hi;
-        }
-        const float s32 = (hi - lo) / qmax;
-        uint16_t h = h_bits((_Float16)s32);
-        if (fabsf((float)h_from(h)) < fabsf(s32)) h++; /* never shrink: the next half up (s32 >= 0) */
-        if ((h & 0x7c00) == 0x7c00) return 4;
-        if ((h & 0x7fff) == 0) h = 0x3c00; /* an all-zero row: scale 1 */
-        const float s = (float)h_from(h);
-        float zp = rintf(-lo / s);
-        zp = zp < 0.f ? 0.f : zp > qmax ? qmax : zp;
-        scale[r] = h, zero[r] = (uint8_t)zp;
-        uint8_t *out = codes + r * rb;
-        if (bits == 4) memset(out, 0, (size_t)rb);
-        for (int64_t j = 0; j < g; j++) {
-            float q = rintf(v[j] / s) + zp;
-            q = q < 0.f ? 0.f : q > qmax ? qmax : q;
-            if (bits == 8)
-                out[j] = (uint8_t)q;
-            else
-                out[j >> 1] |= (uint8_t)((uint8_t)q << ((j & 1) * 4));
-        }
+    float lo = 0.f, hi = 0.f;
+    for (int64_t j = 0; j < g; j++) {
+        if (!isfinite(v[j])) return 3;
+        lo = v[j] < lo ? v[j] : lo;
+        hi = v[j] > hi ? v[j] : hi;
+    }
+    const float s32 = (hi - lo) / qmax;
+    uint16_t h = h_bits((_Float16)s32);
+    if (fabsf((float)h_from(h)) < fabsf(s32)) h++; /* never shrink: the next half up (s32 >= 0) */
+    if ((h & 0x7c00) == 0x7c00) return 4;
+    if ((h & 0x7fff) == 0) h = 0x3c00; /* an all-zero row: scale 1 */
+    const float s = (float)h_from(h);
+    float zp = rintf(-lo / s);
+    zp = zp < 0.f ? 0.f : zp > qmax ? qmax : zp;
+    *scale = h, *zero = (uint8_t)zp;
+    if (bits == 4) memset(out, 0, (size_t)(g / 2));
+    for (int64_t j = 0; j < g; j++) {
+        float q = rintf(v[j] / s) + zp;
+        q = q < 0.f ? 0.f : q > qmax ? qmax : q;
+        if (bits == 8)
+            out[j] = (uint8_t)q;
+        else
+            out[j >> 1] |= (uint8_t)((uint8_t)q << ((j & 1) * 4));
     }
     return 0;
+}
+
+int kv_quant_rows(const float *x, int64_t rows, int64_t g, int bits, uint8_t *codes, uint16_t *scale, uint8_t *zero) {
+    if ((bits != 4 && bits != 8) || g <= 0 || (bits == 4 && g % 2)) return 2;
+    const int64_t rb = g * bits / 8;
+    for (int64_t r = 0; r < rows; r++) {
+        const int rc = quant_row(x + r * g, g, bits, codes + r * rb, scale + r, zero + r);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static inline void load_row(const void *src, int bf16, int64_t n, float *x) {
+    for (int64_t j = 0; j < n; j++) x[j] = bf16 ? bf16_to_f32(((const uint16_t *)src)[j]) : ((const float *)src)[j];
+}
+
+struct decode_step_args {
+    struct attn_packed_args at; /* over the cache's first L = n + 1 positions */
+    const void *q, *k, *v;
+    int64_t qb, qh, kb, kh, vb, vh; /* strides in elements of batch and head */
+    int bf16, rotate;
+    float rscale;
+    int64_t n;      /* positions stored before this step: the new one is written at n */
+    void *out;      /* [B, Hq, D] in the inputs' dtype */
+};
+
+/* One (batch, kv head): its new key and value rows (rotated when asked) quantized into position n,
+ * then its query heads (rotated in) attended over positions 0 .. n and their outputs rotated back. */
+static void decode_step_item(const void *ctx, int64_t it) {
+    const struct decode_step_args *s = ctx;
+    const struct attn_packed_args *a = &s->at;
+    const int64_t b = it / a->Hkv, h = it % a->Hkv, D = a->D, g = a->g, per = D / g, rb = g * a->bits / 8;
+    const int64_t es = s->bf16 ? 2 : 4;
+    float x[256];
+    const struct packed_side *sides[2] = {&a->k, &a->v};
+    const void *src[2] = {(const char *)s->k + (b * s->kb + h * s->kh) * es, (const char *)s->v + (b * s->vb + h * s->vh) * es};
+    for (int side = 0; side < 2; side++) {
+        const struct packed_side *p = sides[side];
+        load_row(src[side], s->bf16, D, x);
+        if (s->rotate) butterfly(x, D, s->rscale);
+        for (int64_t c = 0; c < per; c++) {
+            const int64_t r = s->n * per + c;
+            const int rc = quant_row(x + c * g, g, a->bits, (uint8_t *)p->codes + b * p->cb + h * p->ch + r * rb,
+                                     (uint16_t *)p->scale + b * p->sb + h * p->sh + r,
+                                     (uint8_t *)p->zero + b * p->zb + h * p->zh + r);
+            if (rc) {
+                atomic_store((_Atomic int *)&a->failed, rc);
+                return;
+            }
+        }
+    }
+    float *scores = malloc((size_t)(a->L * MAX_GROUPS) * sizeof(float)), xq[MAX_GROUPS * 256], o[MAX_GROUPS * 256];
+    if (!scores) {
+        atomic_store((_Atomic int *)&a->failed, 1);
+        return;
+    }
+    for (int64_t g0 = 0; g0 < a->groups; g0 += MAX_GROUPS) {
+        const int64_t G = a->groups - g0 < MAX_GROUPS ? a->groups - g0 : MAX_GROUPS, qh0 = h * a->groups + g0;
+        for (int64_t gi = 0; gi < G; gi++) {
+            load_row((const char *)s->q + (b * s->qb + (qh0 + gi) * s->qh) * es, s->bf16, D, xq + gi * D);
+            if (s->rotate) butterfly(xq + gi * D, D, s->rscale);
+        }
+        attend_packed_heads(a, b, h, G, xq, o, scores);
+        for (int64_t gi = 0; gi < G; gi++) {
+            if (s->rotate) butterfly(o + gi * D, D, s->rscale);
+            char *y = (char *)s->out + (b * a->Hq + qh0 + gi) * D * es;
+            for (int64_t d = 0; d < D; d++) store_at(y, s->bf16, d, o[gi * D + d]);
+        }
+    }
+    free(scores);
+}
+
+/* A whole decode step of PackedKVLayer.attend_one (asymmetric cache, a power-of-two head dim where
+ * rotated) in one call: q [B, Hq, D] and the new k, v [B, Hkv, D] (float32 or bfloat16, all one
+ * dtype, unit stride within a head), the cache's contiguous buffers [B, Hkv, cap rows] (codes
+ * cap x g*bits/8 bytes a head, fp16 scales, uint8 zero points), n positions already stored. Each
+ * (batch, kv head) writes its own new rows and then reads them, so items are independent. The
+ * same bits as kv_quant_rows, attn_decode_packed and fast_transform called one after another.
+ * Returns 0; 1 out of memory; 2 arguments it does not take; 3 a NaN or Inf in the new keys or
+ * values; 4 a scale beyond fp16 (3 and 4: the caller's generic path says why). */
+int kv_decode_step(const void *q, int64_t qb, int64_t qh, const void *k, int64_t kb, int64_t kh, const void *v,
+                   int64_t vb, int64_t vh, int bf16, uint8_t *kc, uint16_t *ks, uint8_t *kz, uint8_t *vc,
+                   uint16_t *vs, uint8_t *vz, int64_t cap, int64_t n, int bits, int64_t g, int64_t B, int64_t Hq,
+                   int64_t Hkv, int64_t D, int rotate, float rscale, float scale, void *out, int threads) {
+    if ((bits != 4 && bits != 8) || D > 256 || D <= 0 || g <= 0 || D % g || (bits == 4 && g % 2) || Hkv <= 0 ||
+        Hq % Hkv || n < 0 || (n + 1) * (D / g) > cap || (rotate && (D & (D - 1))))
+        return 2;
+    const int64_t rows = cap, rb = g * bits / 8;
+    struct decode_step_args s = {
+        {NULL, {kc, ks, kz, Hkv * rows * rb, rows * rb, Hkv * rows, rows, Hkv * rows, rows},
+         {vc, vs, vz, Hkv * rows * rb, rows * rb, Hkv * rows, rows, Hkv * rows, rows}, bits, g, Hq, Hkv, n + 1, D,
+         Hq / Hkv, scale, NULL, 0},
+        q, k, v, qb, qh, kb, kh, vb, vh, bf16, rotate, rscale, n, out};
+    const int64_t items = B * Hkv;
+    pool_run(decode_step_item, &s, items, items * (n + 1) * D >= 65536 ? threads : 1);
+    return atomic_load(&s.at.failed);
 }

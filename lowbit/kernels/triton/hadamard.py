@@ -127,7 +127,7 @@ def _rows_and_output(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]
 def block_hadamard_triton(x: torch.Tensor, normal: int, block: int) -> torch.Tensor:
     """``lowbit.kernels.cpu.hadamard.block_hadamard_reference`` by the Triton kernel (float32,
     bfloat16 or float16 rows with a unit last stride; any leading shape)."""
-    from lowbit.kernels.cpu.hadamard import _scale
+    from lowbit.kernels.cpu.hadamard import inverse_sqrt_f32
 
     _check("block", x)
     n = x.shape[-1]
@@ -138,7 +138,7 @@ def block_hadamard_triton(x: torch.Tensor, normal: int, block: int) -> torch.Ten
     rows, tail = x2.shape[0], n - normal
     if rows and n:
         grid = (rows, normal // block + (1 if tail else 0))
-        _block_hadamard_kernel[grid](x2, y.view(torch.int16) if bf16 else y, x2.stride(0), n, normal, _scale(block),
+        _block_hadamard_kernel[grid](x2, y.view(torch.int16) if bf16 else y, x2.stride(0), n, normal, inverse_sqrt_f32(block),
                                      B=block, LOG2B=block.bit_length() - 1, TAIL=triton.next_power_of_2(max(tail, 1)), BF16=bf16)
     return y
 
@@ -162,7 +162,7 @@ def _signs_on(m: int, device: str) -> torch.Tensor:
 def input_hadamard_triton(x: torch.Tensor) -> torch.Tensor:
     """``lowbit.kernels.cpu.hadamard.input_hadamard_reference`` by the Triton kernel (float32,
     bfloat16 or float16 rows; any leading shape; ``input_fits(n)``)."""
-    from lowbit.kernels.cpu.hadamard import _scale
+    from lowbit.kernels.cpu.hadamard import inverse_sqrt_f32
 
     _check("input", x)
     n = x.shape[-1]
@@ -173,6 +173,6 @@ def input_hadamard_triton(x: torch.Tensor) -> torch.Tensor:
     mp = triton.next_power_of_2(m)
     if x2.shape[0]:
         _input_hadamard_kernel[(x2.shape[0],)](x2, y.view(torch.int16) if bf16 else y, _signs_on(m, str(x.device)),
-                                               x2.stride(0), n, _scale(n), P=p, M=m, MP=mp, LOG2P=p.bit_length() - 1,
+                                               x2.stride(0), n, inverse_sqrt_f32(n), P=p, M=m, MP=mp, LOG2P=p.bit_length() - 1,
                                                BF16=bf16, num_warps=8 if p * mp > 4096 else 4)
     return y
