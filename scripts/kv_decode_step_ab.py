@@ -1,0 +1,49 @@
+"""The INT4 KV cache's decode step as one native call (``kv_decode_step``: the new keys and values
+rotated, quantized and written, the query rotated in, attended from the codes and rotated back)
+against the same steps called one by one (a ``fast_transform``, ``kv_quant_rows`` and a buffer
+copy per side, ``attention_decode_packed``, a ``fast_transform`` and a cast): the main job's preset
+built as ``lowbit bench decode`` builds it, both ways in one process (the same bits, so the same
+tokens), generation interleaved; tok/s of 32 decode steps, medians of ``--repeats``, at 1 / 8 / 32
+sequences of a 64-token prompt.
+
+    .venv/bin/python scripts/kv_decode_step_ab.py [--formats w4a4-kv4-rot] [--repeats 7] [OUT.json]
+"""
+import contextlib
+
+from lowbit.bench.decode import _cache_for
+from lowbit.bench.decode_ab import ab_setup, decode_rates, greedy, save_rows
+from lowbit.data import calibration_ids
+from lowbit.kernels.cpu import decode_ops
+
+
+@contextlib.contextmanager
+def _steps_one_by_one():
+    real = decode_ops.kv_decode_step
+    decode_ops.kv_decode_step = lambda *a, **k: None  # attend_one then takes its step-by-step path
+    try:
+        yield
+    finally:
+        decode_ops.kv_decode_step = real
+
+
+def main() -> None:
+    cli, _, tok, build = ab_setup(__doc__, "w4a4-kv4-rot", 7)
+    res = {}
+    for fmt in cli.formats.split(","):
+        model = build(fmt)[0]
+        one = greedy(model, tok, lambda m=model, f=fmt: _cache_for(m, f))
+
+        def steps(ids, n, one=one):
+            with _steps_one_by_one():
+                return one(ids, n)
+
+        res[fmt] = {}
+        for B in (1, 8, 32):
+            row = decode_rates({"one_call": one, "steps": steps}, calibration_ids(tok, B, 64, seed=1), cli.repeats)
+            res[fmt][B] = row
+            print(fmt, B, {k: v for k, v in row.items() if k != "raw_tok_s"}, flush=True)
+    save_rows(cli, __doc__, res)
+
+
+if __name__ == "__main__":
+    main()
