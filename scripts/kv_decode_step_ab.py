@@ -13,17 +13,17 @@ import contextlib
 from lowbit.bench.decode import _cache_for
 from lowbit.bench.decode_ab import ab_setup, decode_rates, greedy, save_rows
 from lowbit.data import calibration_ids
-from lowbit.kernels.cpu import decode_ops
+from lowbit.kernels.cpu import kv_packed
 
 
 @contextlib.contextmanager
 def _steps_one_by_one():
-    real = decode_ops.kv_decode_step
-    decode_ops.kv_decode_step = lambda *a, **k: None  # attend_one then takes its step-by-step path
+    real = kv_packed.kv_decode_step
+    kv_packed.kv_decode_step = lambda *a, **k: None  # attend_one then takes its step-by-step path
     try:
         yield
     finally:
-        decode_ops.kv_decode_step = real
+        kv_packed.kv_decode_step = real
 
 
 def main() -> None:

@@ -17,10 +17,11 @@ import lowbit
 assert lowbit.__file__.startswith(sys.argv[1]), lowbit.__file__
 from lowbit.comm.codecs import native as codecs_native
 from lowbit.kernels import from_float, prepare, reference
-from lowbit.kernels.cpu import a16_gemm, decode_ops, hadamard, i8_gemm, w4_gemv, w8_gemv
+from lowbit.kernels.cpu import a16_gemm, decode_ops, hadamard, i8_gemm, kv_packed, w4_gemv, w8_gemv
 built = {"codecs": codecs_native.available(), "w4": w4_gemv.available(), "w8": w8_gemv.available(),
          "decode_ops": decode_ops.library() is not None, "i8_gemm": i8_gemm.available(),
-         "a16_gemm": a16_gemm.available(), "hadamard": hadamard.library() is not None}
+         "a16_gemm": a16_gemm.available(), "hadamard": hadamard.library() is not None,
+         "kv_packed": kv_packed.library() is not None}
 assert all(built.values()), built
 torch.manual_seed(0)
 x = torch.randn(3, 256)

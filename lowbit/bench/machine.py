@@ -10,7 +10,7 @@ def report() -> dict:
     import torch
 
     from lowbit.comm.codecs import native as codecs_native
-    from lowbit.kernels.cpu import a16_gemm, decode_ops, hadamard, i8_gemm, kernel_threads, w4_gemv, w8_gemv
+    from lowbit.kernels.cpu import a16_gemm, decode_ops, hadamard, i8_gemm, kernel_threads, kv_packed, w4_gemv, w8_gemv
     from lowbit.kernels import from_float, prepare
     from lowbit.native import isa
     from lowbit.native.cpu_features import cpu_info
@@ -21,6 +21,7 @@ def report() -> dict:
             ("batched int8 linear", i8_gemm.available, i8_gemm._LIB),
             ("batched A16 linear", a16_gemm.available, a16_gemm._LIB),
             ("decode ops", lambda: decode_ops.library() is not None, decode_ops._LIB),
+            ("packed KV cache", lambda: kv_packed.library() is not None, kv_packed._LIB),
             ("online block Hadamard", lambda: hadamard.library() is not None, hadamard._LIB)]
     kernels = {}
     for kind in ("w4a16", "w8a16", "w8a8", "w4a4"):

@@ -25,8 +25,8 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from lowbit.formats import PerToken, QParams, choose_qparams, dequantize, pack, quantize, unpack
 from lowbit.formats.hadamard import fast_transform, orthonormal
-from lowbit.kernels.cpu import decode_ops
 from lowbit.kernels.cpu import hadamard as hadamard_kernels
+from lowbit.kernels.cpu import kv_packed
 
 
 def head_dim(config) -> int:
@@ -69,7 +69,7 @@ class PackedKV:
             x = self.rotate(x)
         x = x.reshape(b, h, t * (d // g), g)  # a group is a row: PerToken quantizes each one
         if not self.symmetric:
-            fast = decode_ops.kv_quant_rows(x.reshape(-1, g).float(), self.bits) if x.is_cpu else None
+            fast = kv_packed.kv_quant_rows(x.reshape(-1, g).float(), self.bits) if x.is_cpu else None
             if fast is not None:  # the same bits in one native call (a decode step appends 2 per layer)
                 codes, scale, zero = fast
                 self._append_rows(codes.reshape(b, h, t * (d // g), -1), scale.reshape(b, h, -1), zero.reshape(b, h, -1))
@@ -96,6 +96,27 @@ class PackedKV:
         """``y Rᵀ`` in float32 (for a power of two ``Rᵀ = R``: the same butterfly)."""
         d = y.shape[-1]
         return _butterfly(y.float()) if d & (d - 1) == 0 else y.float() @ self.rotation.T
+
+    def append_read(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """:meth:`append` then :meth:`dequantize`: in one native call where it applies
+        (``kv_append_read``: the same bits), else the two steps."""
+        b, h, t, d = x.shape
+        g = self.group or d
+        if not self.symmetric and d % g == 0 and self.head_dim in (0, d) and x.is_cpu:
+            per, n = d // g, self.rows
+            if self._bufs is None:
+                self.head_dim = d
+                empty = torch.empty((0, 0, 0), dtype=torch.uint8)
+                parts = (empty[..., None].expand(0, 0, 0, g * self.bits // 8), empty.half(), empty)
+            else:
+                parts = None
+            bufs = self.reserve((b, h), t * per, parts)
+            out = kv_packed.kv_append_read(x, bufs, n // per, self.bits, g, self.hadamard, dtype)
+            if out is not None:
+                self.rows = n + t * per
+                return out
+        self.append(x)
+        return self.dequantize(dtype)
 
     def reserve(self, shape: tuple, new: int, parts: tuple | None = None) -> list:
         """The buffers, with room for ``new`` rows after the stored ones (``shape``: batch and heads;
@@ -191,10 +212,8 @@ class PackedKVLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         self.cumulative_length += key_states.shape[-2]
-        self._quantized_keys.append(key_states)
-        self._quantized_values.append(value_states)
-        return (self._quantized_keys.dequantize(key_states.dtype),
-                self._quantized_values.dequantize(value_states.dtype))
+        return (self._quantized_keys.append_read(key_states, key_states.dtype),
+                self._quantized_values.append_read(value_states, value_states.dtype))
 
     def attend_one(self, query: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor,
                    scaling: float) -> torch.Tensor | None:
@@ -204,7 +223,7 @@ class PackedKVLayer(DynamicLayer):
         ``q·(k̂)ᵀ = (qR)·deq(kR)ᵀ``). Returns ``[B, 1, Hq, D]`` in the query's dtype, or None (nothing
         stored) where the native kernel does not take this layout: then ``update`` is the way."""
         d = query.shape[-1]
-        if not self.is_initialized or not decode_ops.packed_decode_applies(query, self.bits, self.group or d, d):
+        if not self.is_initialized or not kv_packed.packed_decode_applies(query, self.bits, self.group or d, d):
             return None
         out = self._one_call(query, key_states, value_states, scaling)
         if out is not None:
@@ -214,7 +233,7 @@ class PackedKVLayer(DynamicLayer):
         keys.append(key_states)
         values.append(value_states)
         q = keys.rotate(query) if self.hadamard else query
-        out = decode_ops.attention_decode_packed(q, keys.codes, keys.scale, keys.zero, values.codes, values.scale,
+        out = kv_packed.attention_decode_packed(q, keys.codes, keys.scale, keys.zero, values.codes, values.scale,
                                                  values.zero, self.bits, self.group or d, scaling)
         if self.hadamard:
             out = values.unrotate(out)
@@ -232,7 +251,7 @@ class PackedKVLayer(DynamicLayer):
         per = d // g
         shape = key_states.shape[:2]
         kb, vb = keys.reserve(shape, per), values.reserve(shape, per)
-        out = decode_ops.kv_decode_step(query, key_states, value_states, kb, vb, n // per, self.bits, g, self.hadamard,
+        out = kv_packed.kv_decode_step(query, key_states, value_states, kb, vb, n // per, self.bits, g, self.hadamard,
                                         scaling)
         if out is None:
             return None

@@ -13,7 +13,8 @@ def test_env_reports_cpu_libraries_and_kernels(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rep["cpu"]["model"] in out
     assert {lib["name"] for lib in rep["native"]} == {"all-reduce codecs", "4-bit linear", "8-bit linear", "decode ops",
-                                                      "batched int8 linear", "batched A16 linear", "online block Hadamard"}
+                                                      "packed KV cache", "batched int8 linear", "batched A16 linear",
+                                                      "online block Hadamard"}
     assert set(rep["kernels"]) == {"w4a16", "w8a16", "w8a8", "w4a4"}
     i8 = next(lib["built"] for lib in rep["native"] if lib["name"] == "batched int8 linear")
     # the suite runs with any setting; auto unless another is asked for

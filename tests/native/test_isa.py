@@ -7,13 +7,14 @@ import torch
 
 from lowbit.comm.codecs import native as codecs_native
 from lowbit.native import cbuild, isa
-from lowbit.kernels.cpu import a16_gemm, decode_ops, hadamard, i8_gemm, w4_gemv, w4a4, w8_gemv, w8a8
+from lowbit.kernels.cpu import a16_gemm, decode_ops, hadamard, i8_gemm, kv_packed, w4_gemv, w4a4, w8_gemv, w8a8
 from lowbit.kernels import from_float
 from lowbit.native.isa import ISAError
 from tests.kernels.cpu.builds import bf16_edge_values
 
 SOURCES = {"w4": w4_gemv._LIB.src, "w8": w8_gemv._LIB.src, "i8_gemm": i8_gemm._LIB.src, "a16_gemm": a16_gemm._LIB.src,
-           "decode_ops": decode_ops._LIB.src, "hadamard": hadamard._LIB.src, "codecs": codecs_native._SRC}
+           "decode_ops": decode_ops._LIB.src, "kv_packed": kv_packed._LIB.src, "hadamard": hadamard._LIB.src,
+           "codecs": codecs_native._SRC}
 X86 = pytest.mark.skipif(not isa.x86(), reason="ISA variants are x86-64 target flags")
 
 
@@ -100,16 +101,31 @@ def _a16_outputs(lib):
 
 
 def _decode_outputs(lib):
-    """RMSNorm, rotary and the packed KV cache's row quantizer: the same bits in every build (the
-    attentions are within their float32 bounds instead, checked for each variant below)."""
+    """RMSNorm and rotary: the same bits in every build (the attention is within its float32
+    bound instead, checked for each variant below)."""
     torch.manual_seed(2)
     x, w = torch.randn(3, 64), torch.randn(64)
     xr, cos, sin = torch.randn(2, 3, 4, 16), torch.randn(2, 4, 16), torch.randn(2, 4, 16)
-    rows = torch.randn(40, 32) * torch.logspace(-6, 3, 40)[:, None]
     with torch.no_grad():
         return [decode_ops.rms_norm(x, w, 1e-5, lib=lib), decode_ops.rms_norm(x.bfloat16(), w.bfloat16(), 1e-5, lib=lib),
-                decode_ops.rope(xr, cos, sin, lib=lib), decode_ops.rope(xr.bfloat16(), cos.bfloat16(), sin.bfloat16(), lib=lib),
-                *decode_ops.kv_quant_rows(rows, 4, lib=lib), *decode_ops.kv_quant_rows(rows, 8, lib=lib)]
+                decode_ops.rope(xr, cos, sin, lib=lib), decode_ops.rope(xr.bfloat16(), cos.bfloat16(), sin.bfloat16(), lib=lib)]
+
+
+def _kv_packed_outputs(lib):
+    """The packed KV cache's row quantizer and a prefill's append-and-read-back (rotated, 4 and 8
+    bits): the same bits in every build."""
+    from lowbit.nn.kv_cache import PackedKV
+
+    g = torch.Generator().manual_seed(2)
+    rows = torch.randn(40, 32, generator=g) * torch.logspace(-6, 3, 40)[:, None]
+    out = [*kv_packed.kv_quant_rows(rows, 4, lib=lib), *kv_packed.kv_quant_rows(rows, 8, lib=lib)]
+    for bits, dtype in ((4, torch.bfloat16), (8, torch.float32)):
+        x = (torch.randn(2, 3, 70, 64, generator=g) * 3).to(dtype)
+        side = PackedKV(bits, False, True)
+        bufs = side.reserve((2, 3), 70, (torch.empty(0, 0, 0, 64 * bits // 8, dtype=torch.uint8),
+                                         torch.empty(0, 0, 0, dtype=torch.float16), torch.empty(0, 0, 0, dtype=torch.uint8)))
+        out += [kv_packed.kv_append_read(x, bufs, 0, bits, 64, True, dtype, lib=lib), *(b[:, :, :70] for b in bufs)]
+    return out
 
 
 def _hadamard_outputs(lib):
@@ -143,6 +159,7 @@ OUTPUTS = {"w4": (_w4_outputs, w4_gemv.library, w4_gemv.PORTABLE_FLAGS),
            "i8_gemm": (_i8_outputs, i8_gemm.library, i8_gemm.PORTABLE_FLAGS),
            "a16_gemm": (_a16_outputs, a16_gemm.library, a16_gemm.PORTABLE_FLAGS),
            "decode_ops": (_decode_outputs, decode_ops.library, ("-O3",)),
+           "kv_packed": (_kv_packed_outputs, kv_packed.library, ("-O3",)),
            "hadamard": (_hadamard_outputs, hadamard.library, ("-O3",)),
            "codecs": (_codec_outputs, codecs_native.variant, codecs_native.PORTABLE_FLAGS)}
 
@@ -214,13 +231,13 @@ def test_each_runnable_variant_packed_attention_within_bound(variant):
 
     if not isa.runnable(variant):
         pytest.skip(f"this CPU lacks {', '.join(isa.missing(variant))} for {variant.name}")
-    lib = decode_ops.library(_flags(variant))
+    lib = kv_packed.library(_flags(variant))
     torch.manual_seed(8)
     for bits, group in ((4, 64), (8, 16), (4, 8)):
         k, v = PackedKV(bits, False, group=group), PackedKV(bits, False, group=group)
         k.append(torch.randn(2, 2, 33, 64) * 3), v.append(torch.randn(2, 2, 33, 64))
         q = torch.randn(2, 6, 1, 64)
-        out = decode_ops.attention_decode_packed(q, k.codes, k.scale, k.zero, v.codes, v.scale, v.zero, bits, group, 0.125,
+        out = kv_packed.attention_decode_packed(q, k.codes, k.scale, k.zero, v.codes, v.scale, v.zero, bits, group, 0.125,
                                                  lib=lib)
         ref = decode_ops.attention_decode_reference(q.double(), k.dequantize(torch.float32).double(),
                                                     v.dequantize(torch.float32).double(), 0.125)
@@ -241,12 +258,12 @@ def test_each_runnable_variant_decode_step_writes_the_portable_codes(variant):
     q, k, v = torch.randn(2, 6, 1, 64), torch.randn(2, 2, 1, 64) * 3, torch.randn(2, 2, 1, 64)
     for rotate in (False, True):
         runs = []
-        for lib in (decode_ops.library(("-O3",)), decode_ops.library(_flags(variant))):
+        for lib in (kv_packed.library(("-O3",)), kv_packed.library(_flags(variant))):
             sides = [PackedKV(4, False), PackedKV(4, False)]
             for side, x in zip(sides, (torch.randn(2, 2, 33, 64, generator=torch.Generator().manual_seed(1)),) * 2):
                 side.append(x)
                 side.reserve((2, 2), 1)
-            out = decode_ops.kv_decode_step(q, k, v, sides[0]._bufs, sides[1]._bufs, 33, 4, 64, rotate, 0.125, lib=lib)
+            out = kv_packed.kv_decode_step(q, k, v, sides[0]._bufs, sides[1]._bufs, 33, 4, 64, rotate, 0.125, lib=lib)
             runs.append((out, [t[:, :, 33].clone() for s in sides for t in s._bufs]))
         (want, rows_want), (got, rows_got) = runs
         assert all(torch.equal(a, b) for a, b in zip(rows_want, rows_got)), (variant.name, rotate)

@@ -226,22 +226,22 @@ def test_decode_step_in_one_call_is_its_steps_as_the_cache_grows(hadamard, group
     """``attend_one`` by one native call (``kv_decode_step``) against the same layer taking its
     steps one by one: the same outputs, codes, scales and zero points, bit for bit, over 300 steps
     (the buffers grow at 261 positions), with the positions counted alike."""
-    from lowbit.kernels.cpu import decode_ops
+    from lowbit.kernels.cpu import kv_packed
     from lowbit.nn.kv_cache import PackedKVLayer
 
-    if decode_ops.library() is None:
+    if kv_packed.library() is None:
         pytest.skip("no C compiler for the native ops")
     torch.manual_seed(5)
     one, steps = PackedKVLayer(4, False, hadamard, group), PackedKVLayer(4, False, hadamard, group)
     k, v = torch.randn(1, 2, 5, 64).bfloat16(), torch.randn(1, 2, 5, 64).bfloat16()
     one.update(k, v), steps.update(k, v)
     calls = []
-    real = decode_ops.kv_decode_step
+    real = kv_packed.kv_decode_step
     for _ in range(300):
         q, kn, vn = torch.randn(1, 4, 1, 64).bfloat16(), torch.randn(1, 2, 1, 64).bfloat16(), torch.randn(1, 2, 1, 64).bfloat16()
-        monkeypatch.setattr(decode_ops, "kv_decode_step", lambda *a, **kw: calls.append(real(*a, **kw)) or calls[-1])
+        monkeypatch.setattr(kv_packed, "kv_decode_step", lambda *a, **kw: calls.append(real(*a, **kw)) or calls[-1])
         a = one.attend_one(q, kn, vn, 0.125)
-        monkeypatch.setattr(decode_ops, "kv_decode_step", lambda *a, **kw: None)
+        monkeypatch.setattr(kv_packed, "kv_decode_step", lambda *a, **kw: None)
         b = steps.attend_one(q, kn, vn, 0.125)
         assert torch.equal(a, b)
     assert all(c is not None for c in calls) and len(calls) == 300

@@ -70,7 +70,7 @@ import os
 import sys
 import torch
 from lowbit.kernels import from_float, prepare
-from lowbit.kernels.cpu import a16_gemm, decode_ops, i8_gemm, w4_gemv, w8_gemv
+from lowbit.kernels.cpu import a16_gemm, decode_ops, i8_gemm, kv_packed, w4_gemv, w8_gemv
 
 torch.set_num_threads(2)
 torch.manual_seed(5)
@@ -81,7 +81,7 @@ for kind, extra in (("w8a8", {}), ("w4a4", {"n_outliers": 32, "group": 128}), ("
         x = torch.randn(t, 384)
         outs += [pl.batched(x), pl.batched(x.bfloat16())]
 modes = [lib.pool_threads_mode() for lib in (i8_gemm.library(), w4_gemv.library(), w8_gemv.library(),
-                                             a16_gemm.library(), decode_ops.library())]
+                                             a16_gemm.library(), decode_ops.library(), kv_packed.library())]
 import threading  # two Python threads at once (ctypes releases the GIL): one runs on the team, the other alone
 same = []
 callers = [threading.Thread(target=lambda: same.extend(torch.equal(pl.batched(x), outs[-2]) for _ in range(20)))
@@ -114,7 +114,7 @@ def test_threads_on_torchs_openmp_team_give_the_same_bits(tmp_path):
         env = {k: v for k, v in os.environ.items() if k != "LOWBIT_THREADS"} | {"LOWBIT_THREADS": mode}
         subprocess.run([sys.executable, "-c", _OMP_CASES, str(out)], env=env, check=True, timeout=240)
         res[mode] = torch.load(out)
-    assert res["pool"]["modes"] == [1] * 5 and res["omp"]["modes"] == [2] * 5 and res["auto"]["modes"] == [3] * 5
+    assert res["pool"]["modes"] == [1] * 6 and res["omp"]["modes"] == [2] * 6 and res["auto"]["modes"] == [3] * 6
     assert all(res[m]["threads_ok"] and res[m]["fork_ok"] for m in res)
     for mode in ("omp", "auto"):
         assert len(res[mode]["outs"]) == 24
