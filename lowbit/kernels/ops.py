@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import time
 import weakref
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -33,9 +34,16 @@ from lowbit.kernels import op_stats
 from lowbit.kernels.dispatch import PreparedLinear
 from lowbit.kernels.linear_params import KernelError, NonFiniteActivations
 
-_PREPARED: dict[str, PreparedLinear] = {}
-_NAN_ROWS: set[str] = set()
-_BEFORE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
+@dataclass(frozen=True)
+class _Registered:
+    """What a handle stands for: the prepared linear and how the op treats its input."""
+
+    prepared: PreparedLinear
+    nan_rows: bool = False
+    before: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+_REGISTERED: dict[str, _Registered] = {}
 _NEXT = itertools.count(1)
 
 
@@ -50,27 +58,25 @@ def register(prepared: PreparedLinear, owner: object | None = None, nan_rows: bo
     if before is not None and not callable(before):
         raise TypeError(f"before must be callable, got {type(before).__name__}")
     handle = f"linear{next(_NEXT)}"
-    _PREPARED[handle] = prepared
-    if nan_rows:
-        _NAN_ROWS.add(handle)
-    if before is not None:
-        _BEFORE[handle] = before
+    _REGISTERED[handle] = _Registered(prepared, bool(nan_rows), before)
     if owner is not None:
         weakref.finalize(owner, release, handle)
     return handle
 
 
 def release(handle: str) -> None:
-    _PREPARED.pop(handle, None)
-    _NAN_ROWS.discard(handle)
-    _BEFORE.pop(handle, None)
+    _REGISTERED.pop(handle, None)
+
+
+def _registered(handle: str) -> _Registered:
+    try:
+        return _REGISTERED[handle]
+    except KeyError:
+        raise KernelError(f"no prepared lowbit linear with handle {handle!r} (released, or from another process)") from None
 
 
 def prepared(handle: str) -> PreparedLinear:
-    try:
-        return _PREPARED[handle]
-    except KeyError:
-        raise KernelError(f"no prepared lowbit linear with handle {handle!r} (released, or from another process)") from None
+    return _registered(handle).prepared
 
 
 def linear(x: torch.Tensor, handle: str) -> torch.Tensor:
@@ -86,16 +92,15 @@ def linear(x: torch.Tensor, handle: str) -> torch.Tensor:
 
 
 def _linear(x: torch.Tensor, handle: str) -> torch.Tensor:
-    p = prepared(handle)
-    before = _BEFORE.get(handle)
-    if before is not None:
-        x = before(x)
+    r = _registered(handle)
+    if r.before is not None:
+        x = r.before(x)
     try:
-        y = p.batched(x)
+        y = r.prepared.batched(x)
     except NonFiniteActivations:
-        if handle not in _NAN_ROWS:
+        if not r.nan_rows:
             raise
-        y = _with_nan_rows(p, x)
+        y = _with_nan_rows(r.prepared, x)
     # a fresh contiguous tensor, as the fake promises (the native kernels may slice padded rows off)
     return y if y.is_contiguous() else y.contiguous()
 
