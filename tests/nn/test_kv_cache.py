@@ -256,3 +256,22 @@ def test_a_cache_refuses_states_of_another_batch():
     kv.append(torch.randn(1, 2, 3, 16))
     with pytest.raises(ValueError, match="batch x heads"):
         kv.append(torch.randn(4, 2, 1, 16))  # would have broadcast the stored rows into 4 sequences
+
+
+def test_reorder_cache_selects_sequences_and_keeps_appending():
+    """Beam search's reorder: the stored codes of the chosen sequences, in the new order; the
+    buffers keep their room, so the next decode steps append (and attend) as before."""
+    from lowbit.nn.kv_cache import PackedKVLayer
+
+    torch.manual_seed(6)
+    layer = PackedKVLayer(4, False, True)
+    k, v = torch.randn(3, 2, 6, 64), torch.randn(3, 2, 6, 64)
+    keys, values = layer.update(k, v)
+    layer.reorder_cache(torch.tensor([2, 0, 0]))
+    assert torch.equal(layer._quantized_keys.dequantize(torch.float32), keys[[2, 0, 0]])
+    assert torch.equal(layer._quantized_values.dequantize(torch.float32), values[[2, 0, 0]])
+    q, kn, vn = torch.randn(3, 4, 1, 64), torch.randn(3, 2, 1, 64), torch.randn(3, 2, 1, 64)
+    out = layer.attend_one(q, kn, vn, 0.125)
+    ref = PackedKVLayer(4, False, True)
+    ref.update(k[[2, 0, 0]], v[[2, 0, 0]])
+    assert torch.equal(out, ref.attend_one(q, kn, vn, 0.125)) and layer.get_seq_length() == 7
