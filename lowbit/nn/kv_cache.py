@@ -102,7 +102,7 @@ class PackedKV:
         (``kv_append_read``: the same bits), else the two steps."""
         b, h, t, d = x.shape
         g = self.group or d
-        if not self.symmetric and d % g == 0 and self.head_dim in (0, d) and x.is_cpu:
+        if not self.symmetric and self.bits in (4, 8) and d % g == 0 and self.head_dim in (0, d) and x.is_cpu:
             per, n = d // g, self.rows
             if self._bufs is None:
                 self.head_dim = d

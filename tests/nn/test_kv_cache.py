@@ -275,3 +275,19 @@ def test_reorder_cache_selects_sequences_and_keeps_appending():
     ref = PackedKVLayer(4, False, True)
     ref.update(k[[2, 0, 0]], v[[2, 0, 0]])
     assert torch.equal(out, ref.attend_one(q, kn, vn, 0.125)) and layer.get_seq_length() == 7
+
+
+@pytest.mark.parametrize("bits,symmetric", [(2, False), (3, False), (3, True), (4, True)])
+def test_caches_the_native_calls_do_not_take_still_work(bits, symmetric):
+    """2- and 3-bit codes and symmetric caches take the torch steps for prefill and decode alike."""
+    from lowbit.nn.kv_cache import PackedKVLayer
+
+    torch.manual_seed(bits)
+    layer = PackedKVLayer(bits, symmetric, True)
+    k, v = torch.randn(1, 2, 5, 64), torch.randn(1, 2, 5, 64)
+    keys, _ = layer.update(k, v)
+    assert keys.shape == k.shape and (keys - k).abs().mean() < k.abs().mean()
+    out = layer.attend_one(torch.randn(1, 4, 1, 64), torch.randn(1, 2, 1, 64), torch.randn(1, 2, 1, 64), 0.125)
+    assert out is None or out.shape == (1, 1, 4, 64)
+    keys, _ = layer.update(torch.randn(1, 2, 1, 64), torch.randn(1, 2, 1, 64))
+    assert keys.shape == (1, 2, 6 + (out is not None), 64)
