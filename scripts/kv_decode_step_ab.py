@@ -10,9 +10,7 @@ sequences of a 64-token prompt.
 """
 import contextlib
 
-from lowbit.bench.decode import _cache_for
-from lowbit.bench.decode_ab import ab_setup, decode_rates, greedy, save_rows
-from lowbit.data import calibration_ids
+from lowbit.bench.decode_ab import ab_setup, as_is_against, save_rows
 from lowbit.kernels.cpu import kv_packed
 
 
@@ -28,21 +26,7 @@ def _steps_one_by_one():
 
 def main() -> None:
     cli, _, tok, build = ab_setup(__doc__, "w4a4-kv4-rot", 7)
-    res = {}
-    for fmt in cli.formats.split(","):
-        model = build(fmt)[0]
-        one = greedy(model, tok, lambda m=model, f=fmt: _cache_for(m, f))
-
-        def steps(ids, n, one=one):
-            with _steps_one_by_one():
-                return one(ids, n)
-
-        res[fmt] = {}
-        for B in (1, 8, 32):
-            row = decode_rates({"one_call": one, "steps": steps}, calibration_ids(tok, B, 64, seed=1), cli.repeats)
-            res[fmt][B] = row
-            print(fmt, B, {k: v for k, v in row.items() if k != "raw_tok_s"}, flush=True)
-    save_rows(cli, __doc__, res)
+    save_rows(cli, __doc__, as_is_against(cli, tok, build, ("one_call", "steps"), _steps_one_by_one))
 
 
 if __name__ == "__main__":

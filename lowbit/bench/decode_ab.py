@@ -57,9 +57,9 @@ def decode_rates(variants: dict[str, Generate], ids: torch.Tensor, repeats: int,
     return row
 
 
-def ab_setup(doc: str, formats: str, repeats: int):
+def ab_setup(doc: str, formats: str, repeats: int, extra: Callable[[argparse.ArgumentParser], None] | None = None):
     """What every A/B script starts from: its command line (``--formats``, ``--repeats``, an
-    optional ``OUT.json``), 2 threads, the default model in float32, and the arguments with which
+    optional ``OUT.json``, and what ``extra`` adds), 2 threads, the default model in float32, and the arguments with which
     ``build`` makes a format as ``lowbit bench decode`` does (RTN on 4 x 128 calibration tokens).
     Returns (cli, base model, tokenizer, build) with ``build(fmt)`` -> (model, bytes, counts, s)."""
     from lowbit.bench.decode import _make_model
@@ -69,6 +69,8 @@ def ab_setup(doc: str, formats: str, repeats: int):
     ap.add_argument("--formats", default=formats)
     ap.add_argument("--repeats", type=int, default=repeats)
     ap.add_argument("out", nargs="?")
+    if extra is not None:
+        extra(ap)
     cli = ap.parse_args()
     torch.set_num_threads(2)
     base, tok = load_model("default", dtype=torch.float32, device="cpu")
@@ -85,3 +87,27 @@ def save_rows(cli, doc: str, rows: dict) -> None:
 
         write_json(cli.out, {"machine": report(), "what": doc, "repeats": cli.repeats, "prompt": 64, "new": 32,
                              "threads": 2, "rows": rows})
+
+
+def as_is_against(cli, tokenizer, build, names: tuple[str, str], context) -> dict:
+    """For each of ``cli.formats``: the model as built, decoding as it is (``names[0]``) and inside
+    ``context()`` (``names[1]``: a swapped kernel, a path turned off), at 1 / 8 / 32 sequences of a
+    64-token prompt; the rows of :func:`decode_rates`, printed as they come."""
+    from lowbit.bench.decode import _cache_for
+    from lowbit.data import calibration_ids
+
+    res = {}
+    for fmt in cli.formats.split(","):
+        model = build(fmt)[0]
+        plain = greedy(model, tokenizer, lambda m=model, f=fmt: _cache_for(m, f))
+
+        def inside(ids, n, plain=plain):
+            with context():
+                return plain(ids, n)
+
+        res[fmt] = {}
+        for B in (1, 8, 32):
+            row = decode_rates({names[0]: plain, names[1]: inside}, calibration_ids(tokenizer, B, 64, seed=1), cli.repeats)
+            res[fmt][B] = row
+            print(fmt, B, {k: v for k, v in row.items() if k != "raw_tok_s"}, flush=True)
+    return res

@@ -109,6 +109,39 @@ static inline void row_acc(const float *f, int64_t g, float w, float *acc, int s
     for (int64_t j = 0; j < g; j++) acc[j] += w * f[j];
 }
 
+#define ROWS 4 /* rows a SIMD step takes at once: q and the sums loaded once for all of them */
+
+#if DECODE_SIMD
+/* row_dot of ROWS rows (f: ROWS rows of g floats, g apart) against one q: each row's two sums and
+ * its final add exactly as row_dot's, so the same bits; q is read once for the ROWS rows. */
+static inline void rows_dot(const float *f, int bits, int64_t g, const float *q, float *out) {
+    const int64_t rb = g * bits / 8;
+    __m256 d0[ROWS], d1[ROWS];
+    for (int k = 0; k < ROWS; k++) d0[k] = d1[k] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < rb; i += 8) {
+        const __m256 qe = _mm256_loadu_ps(q + i);
+        for (int k = 0; k < ROWS; k++) d0[k] = _mm256_fmadd_ps(qe, _mm256_loadu_ps(f + k * g + i), d0[k]);
+        if (bits == 4) {
+            const __m256 qo = _mm256_loadu_ps(q + g / 2 + i);
+            for (int k = 0; k < ROWS; k++) d1[k] = _mm256_fmadd_ps(qo, _mm256_loadu_ps(f + k * g + g / 2 + i), d1[k]);
+        }
+    }
+    for (int k = 0; k < ROWS; k++) out[k] = hsum8(_mm256_add_ps(d0[k], d1[k]));
+}
+
+/* row_acc of ROWS rows in their order (acc += w[0]·f[0], then w[1]·f[1], ...: each value's chain
+ * of multiply-adds as ROWS calls of row_acc), acc loaded and stored once. */
+static inline void rows_acc(const float *f, int64_t g, const float *w, float *acc) {
+    __m256 wv[ROWS];
+    for (int k = 0; k < ROWS; k++) wv[k] = _mm256_set1_ps(w[k]);
+    for (int64_t i = 0; i < g; i += 8) {
+        __m256 t = _mm256_loadu_ps(acc + i);
+        for (int k = 0; k < ROWS; k++) t = _mm256_fmadd_ps(wv[k], _mm256_loadu_ps(f + k * g + i), t);
+        _mm256_storeu_ps(acc + i, t);
+    }
+}
+#endif
+
 #define MAX_GROUPS 8
 
 /* G query heads of batch b that read kv head h (G rows of D floats at q) against its
@@ -138,7 +171,27 @@ static void attend_packed_heads(const struct attn_packed_args *a, int64_t b, int
             qsum[gi][c] = t;
             for (int64_t j = 0; j < g; j++) qs[gi][c * g + split_slot(j, g, split)] = qc[j];
         }
-    for (int64_t l = 0; l < L; l++) {
+    int64_t l = 0;
+#if DECODE_SIMD
+    float fr[ROWS * 256]; /* ROWS rows' floats */
+    for (; simd && l + ROWS <= L; l += ROWS) { /* the loop below, ROWS positions at once */
+        float sc[MAX_GROUPS][ROWS] = {{0.f}}, dots[ROWS], z[ROWS], rs[ROWS];
+        for (int64_t c = 0; c < per; c++) {
+            for (int k = 0; k < ROWS; k++) {
+                const int64_t r = (l + k) * per + c;
+                z[k] = kz ? (float)kz[r] : (float)zsym, rs[k] = (float)h_from(ks[r]);
+                row_floats(kc + r * rb, a->bits, g, 0.f, simd, fr + k * g);
+            }
+            for (int64_t gi = 0; gi < G; gi++) {
+                rows_dot(fr, a->bits, g, qs[gi] + c * g, dots);
+                for (int k = 0; k < ROWS; k++) sc[gi][k] += rs[k] * (dots[k] - z[k] * qsum[gi][c]);
+            }
+        }
+        for (int64_t gi = 0; gi < G; gi++)
+            for (int k = 0; k < ROWS; k++) scores[gi * L + l + k] = sc[gi][k] * a->scale;
+    }
+#endif
+    for (; l < L; l++) {
         float sc[MAX_GROUPS] = {0.f};
         for (int64_t c = 0; c < per; c++) {
             const int64_t r = l * per + c;
@@ -154,7 +207,24 @@ static void attend_packed_heads(const struct attn_packed_args *a, int64_t b, int
         sums[gi] = softmax_weights(scores + gi * L, L);
         for (int64_t d = 0; d < D; d++) o[gi * D + d] = 0.f;
     }
-    for (int64_t l = 0; l < L; l++)
+    l = 0;
+#if DECODE_SIMD
+    for (; simd && l + ROWS <= L; l += ROWS) /* the loop below, ROWS positions at once */
+        for (int64_t c = 0; c < per; c++) {
+            float rs[ROWS], w[ROWS];
+            for (int k = 0; k < ROWS; k++) {
+                const int64_t r = (l + k) * per + c;
+                rs[k] = (float)h_from(vs[r]);
+                row_floats(vc + r * rb, a->bits, g, vz ? (float)vz[r] : (float)zsym, simd, fr + k * g);
+            }
+            for (int64_t gi = 0; gi < G; gi++) {
+                if (sums[gi] != sums[gi]) continue;
+                for (int k = 0; k < ROWS; k++) w[k] = scores[gi * L + l + k] * rs[k];
+                rows_acc(fr, g, w, o + gi * D + c * g);
+            }
+        }
+#endif
+    for (; l < L; l++)
         for (int64_t c = 0; c < per; c++) {
             const int64_t r = l * per + c;
             const float rs = (float)h_from(vs[r]);
