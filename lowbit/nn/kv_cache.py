@@ -23,7 +23,7 @@ from functools import lru_cache
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from lowbit.formats import PerToken, QParams, choose_qparams, dequantize, pack, quantize, unpack
+from lowbit.formats import PerToken, QParams, choose_qparams, dequantize, pack, packed_size, quantize, unpack
 from lowbit.formats.hadamard import fast_transform, orthonormal
 from lowbit.kernels.cpu import hadamard as hadamard_kernels
 from lowbit.kernels.cpu import kv_packed
@@ -104,13 +104,8 @@ class PackedKV:
         g = self.group or d
         if not self.symmetric and self.bits in (4, 8) and d % g == 0 and self.head_dim in (0, d) and x.is_cpu:
             per, n = d // g, self.rows
-            if self._bufs is None:
-                self.head_dim = d
-                empty = torch.empty((0, 0, 0), dtype=torch.uint8)
-                parts = (empty[..., None].expand(0, 0, 0, g * self.bits // 8), empty.half(), empty)
-            else:
-                parts = None
-            bufs = self.reserve((b, h), t * per, parts)
+            self.head_dim = d
+            bufs = self.reserve((b, h), t * per, x.device)
             out = kv_packed.kv_append_read(x, bufs, n // per, self.bits, g, self.hadamard, dtype)
             if out is not None:
                 self.rows = n + t * per
@@ -118,25 +113,25 @@ class PackedKV:
         self.append(x)
         return self.dequantize(dtype)
 
-    def reserve(self, shape: tuple, new: int, parts: tuple | None = None) -> list:
+    def reserve(self, shape: tuple, new: int, device: torch.device | str | None = None) -> list:
         """The buffers, with room for ``new`` rows after the stored ones (``shape``: batch and heads;
-        ``parts``: codes, scale, zero or None, whose trailing shapes and dtypes the buffers take;
-        None: the buffers' own): grown by an eighth (at least 256 rows) when full, so one decode
-        step copies its own rows, not the whole cache. :meth:`nbytes` counts the stored rows; the
+        laid out for :attr:`head_dim`, which must be set; ``device`` where none exist yet, the CPU
+        by default): codes of ``packed_size(g, bits)`` bytes a row, fp16 scales, uint8 zero points
+        (none when symmetric). Grown by an eighth (at least 256 rows) when full, so one decode step
+        copies its own rows, not the whole cache. :meth:`nbytes` counts the stored rows; the
         buffers hold more."""
         n = self.rows
         bufs = self._bufs
         if n and tuple(bufs[0].shape[:2]) != tuple(shape):
             raise ValueError(f"the KV cache holds batch x heads {tuple(bufs[0].shape[:2])}, new states have {tuple(shape)}")
         if bufs is None or bufs[0].shape[2] < n + new:
-            parts = parts or bufs
+            device = bufs[0].device if bufs is not None else device or "cpu"
+            layout = (((packed_size(self.group or self.head_dim, self.bits),), torch.uint8), ((), torch.float16),
+                      None if self.symmetric else ((), torch.uint8))
             cap = n + new + max(256, (n + new) // 8)
             grown = []
-            for old, part in ((self.codes, parts[0]), (self.scale, parts[1]), (self.zero, parts[2])):
-                if part is None:
-                    grown.append(None)
-                    continue
-                buf = part.new_empty((*shape, cap, *part.shape[3:]))
+            for old, spec in zip((self.codes, self.scale, self.zero), layout):
+                buf = None if spec is None else torch.empty((*shape, cap, *spec[0]), dtype=spec[1], device=device)
                 if old is not None:
                     buf[:, :, :n] = old
                 grown.append(buf)
@@ -154,7 +149,7 @@ class PackedKV:
     def _append_rows(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None) -> None:
         """Write the new rows after the stored ones (:meth:`reserve`)."""
         n, new = self.rows, codes.shape[2]
-        bufs = self.reserve(codes.shape[:2], new, (codes, scale, zero))
+        bufs = self.reserve(codes.shape[:2], new, codes.device)
         for buf, part in zip(bufs, (codes, scale, zero)):
             if part is not None:
                 buf[:, :, n:n + new] = part

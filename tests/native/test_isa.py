@@ -122,8 +122,8 @@ def _kv_packed_outputs(lib):
     for bits, dtype in ((4, torch.bfloat16), (8, torch.float32)):
         x = (torch.randn(2, 3, 70, 64, generator=g) * 3).to(dtype)
         side = PackedKV(bits, False, True)
-        bufs = side.reserve((2, 3), 70, (torch.empty(0, 0, 0, 64 * bits // 8, dtype=torch.uint8),
-                                         torch.empty(0, 0, 0, dtype=torch.float16), torch.empty(0, 0, 0, dtype=torch.uint8)))
+        side.head_dim = 64
+        bufs = side.reserve((2, 3), 70)
         out += [kv_packed.kv_append_read(x, bufs, 0, bits, 64, True, dtype, lib=lib), *(b[:, :, :70] for b in bufs)]
     return out
 

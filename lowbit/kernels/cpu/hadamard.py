@@ -51,7 +51,6 @@ def block_hadamard_reference(x: torch.Tensor, normal: int, block: int) -> torch.
 
 
 @functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)
 def inverse_sqrt_f32(block: int) -> float:
     """``1/√block`` rounded to float32, the multiplier torch applies to a float32 tensor."""
     return float(torch.tensor(1.0 / math.sqrt(block), dtype=torch.float32))

@@ -106,12 +106,19 @@ def kv_quant_rows(x: torch.Tensor, bits: int, lib=None) -> tuple[torch.Tensor, t
     return codes, scale, zero
 
 
-def _side_buffers(bufs, B: int, Hkv: int, rb: int) -> bool:
+def _one_call_takes(D: int, group: int, bits: int, rotate: bool, bufs, B: int, H: int, positions: int) -> bool:
+    """Whether the one-call paths take heads of D values in groups of ``group`` at ``bits`` (rotated
+    by the butterfly, which needs a power of two) and an asymmetric cache side's buffers ``bufs``
+    (codes ``[B, H, cap, g·bits/8]`` uint8, fp16 scales and uint8 zero points ``[B, H, cap]``,
+    contiguous, on the CPU) with room for ``positions`` positions."""
+    if (not 0 < D <= MAX_HEAD_DIM or group <= 0 or D % group or bits not in (4, 8) or group * bits % 8
+            or (rotate and D & (D - 1))):
+        return False
     codes, scale, zero = bufs
     cap = codes.shape[2] if codes.dim() == 4 else -1
     return (zero is not None and codes.dtype == torch.uint8 and scale.dtype == torch.float16 and zero.dtype == torch.uint8
-            and codes.shape == (B, Hkv, cap, rb) and scale.shape == (B, Hkv, cap) and zero.shape == scale.shape
-            and all(t.is_contiguous() and t.is_cpu for t in bufs))
+            and codes.shape == (B, H, cap, group * bits // 8) and scale.shape == (B, H, cap) and zero.shape == scale.shape
+            and all(t.is_contiguous() and t.is_cpu for t in bufs) and positions * (D // group) <= cap)
 
 
 def kv_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_bufs, v_bufs, n: int, bits: int, group: int,
@@ -131,15 +138,12 @@ def kv_decode_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_bufs, v_
     B, Hq, one, D = q.shape
     Hkv = k.shape[1]
     if (one != 1 or k.shape != (B, Hkv, 1, D) or v.shape != k.shape or not (q.is_cpu and k.is_cpu and v.is_cpu)
-            or _needs_grad(q, k, v) or not 0 < D <= MAX_HEAD_DIM or group <= 0 or D % group or bits not in (4, 8)
-            or group * bits % 8 or (rotate and D & (D - 1)) or q.stride(3) != 1 or k.stride(3) != 1 or v.stride(3) != 1):
+            or _needs_grad(q, k, v) or q.stride(3) != 1 or k.stride(3) != 1 or v.stride(3) != 1):
         return None
-    rb = group * bits // 8
-    if not (_side_buffers(k_bufs, B, Hkv, rb) and _side_buffers(v_bufs, B, Hkv, rb)) or k_bufs[0].shape != v_bufs[0].shape:
+    if (not _one_call_takes(D, group, bits, rotate, k_bufs, B, Hkv, n + 1)
+            or not _one_call_takes(D, group, bits, rotate, v_bufs, B, Hkv, n + 1) or k_bufs[0].shape != v_bufs[0].shape):
         return None
     cap = k_bufs[0].shape[2]
-    if (n + 1) * (D // group) > cap:
-        return None
     out = torch.empty((B, 1, Hq, D), dtype=q.dtype)
     rc = lib.kv_decode_step(q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(),
                             v.stride(0), v.stride(1), q.dtype is _BF16, *(t.data_ptr() for t in k_bufs),
@@ -164,9 +168,7 @@ def kv_append_read(x: torch.Tensor, bufs, n: int, bits: int, group: int, rotate:
             or _needs_grad(x) or x.stride(3) != 1):
         return None
     B, H, t, D = x.shape
-    if not 0 < D <= MAX_HEAD_DIM or group <= 0 or D % group or bits not in (4, 8) or group * bits % 8 or (rotate and D & (D - 1)):
-        return None
-    if not _side_buffers(bufs, B, H, group * bits // 8) or (n + t) * (D // group) > bufs[0].shape[2]:
+    if not _one_call_takes(D, group, bits, rotate, bufs, B, H, n + t):
         return None
     out = torch.empty((B, H, n + t, D), dtype=dtype)
     rc = lib.kv_append_read(x.data_ptr(), x.stride(0), x.stride(1), x.stride(2), x.dtype is _BF16,

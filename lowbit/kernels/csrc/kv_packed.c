@@ -334,6 +334,22 @@ static inline void load_row(const void *src, int bf16, int64_t n, float *x) {
     for (int64_t j = 0; j < n; j++) x[j] = bf16 ? bf16_to_f32(((const uint16_t *)src)[j]) : ((const float *)src)[j];
 }
 
+/* One new position of one (batch, head): its D values at src widened into v, rotated when asked,
+ * quantized group by group into rows pos * D/g .. of that head's codes, scales and zero points.
+ * Returns quant_row's code (0, or 3 / 4 for the caller's generic path). */
+static int quantize_position(const void *src, int bf16, int64_t D, int64_t g, int bits, int rotate, float rscale,
+                             int64_t pos, uint8_t *codes, uint16_t *scale, uint8_t *zero, float *v) {
+    const int64_t per = D / g, rb = g * bits / 8;
+    load_row(src, bf16, D, v);
+    if (rotate) butterfly(v, D, rscale);
+    for (int64_t c = 0; c < per; c++) {
+        const int64_t r = pos * per + c;
+        const int rc = quant_row(v + c * g, g, bits, codes + r * rb, scale + r, zero + r);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 struct decode_step_args {
     struct attn_packed_args at; /* over the cache's first L = n + 1 positions */
     const void *q, *k, *v;
@@ -349,24 +365,19 @@ struct decode_step_args {
 static void decode_step_item(const void *ctx, int64_t it) {
     const struct decode_step_args *s = ctx;
     const struct attn_packed_args *a = &s->at;
-    const int64_t b = it / a->Hkv, h = it % a->Hkv, D = a->D, g = a->g, per = D / g, rb = g * a->bits / 8;
+    const int64_t b = it / a->Hkv, h = it % a->Hkv, D = a->D;
     const int64_t es = s->bf16 ? 2 : 4;
     float x[256];
     const struct packed_side *sides[2] = {&a->k, &a->v};
     const void *src[2] = {(const char *)s->k + (b * s->kb + h * s->kh) * es, (const char *)s->v + (b * s->vb + h * s->vh) * es};
     for (int side = 0; side < 2; side++) {
         const struct packed_side *p = sides[side];
-        load_row(src[side], s->bf16, D, x);
-        if (s->rotate) butterfly(x, D, s->rscale);
-        for (int64_t c = 0; c < per; c++) {
-            const int64_t r = s->n * per + c;
-            const int rc = quant_row(x + c * g, g, a->bits, (uint8_t *)p->codes + b * p->cb + h * p->ch + r * rb,
-                                     (uint16_t *)p->scale + b * p->sb + h * p->sh + r,
-                                     (uint8_t *)p->zero + b * p->zb + h * p->zh + r);
-            if (rc) {
-                atomic_store((_Atomic int *)&a->failed, rc);
-                return;
-            }
+        const int rc = quantize_position(src[side], s->bf16, D, a->g, a->bits, s->rotate, s->rscale, s->n,
+                                         (uint8_t *)p->codes + b * p->cb + h * p->ch, (uint16_t *)p->scale + b * p->sb + h * p->sh,
+                                         (uint8_t *)p->zero + b * p->zb + h * p->zh, x);
+        if (rc) {
+            atomic_store((_Atomic int *)&a->failed, rc);
+            return;
         }
     }
     float *scores = malloc((size_t)(a->L * MAX_GROUPS) * sizeof(float)), xq[MAX_GROUPS * 256], o[MAX_GROUPS * 256];
@@ -447,15 +458,11 @@ static void append_read_item(const void *ctx, int64_t it) {
     float v[256];
     for (int64_t p = p0; p < p1; p++) {
         if (p >= a->n) {
-            load_row((const char *)a->x + (b * a->xb + h * a->xh + (p - a->n) * a->xt) * es, a->x_bf16, D, v);
-            if (a->rotate) butterfly(v, D, a->rscale);
-            for (int64_t c = 0; c < per; c++) {
-                const int64_t r = p * per + c;
-                const int rc = quant_row(v + c * g, g, (int)a->bits, codes + r * rb, scale + r, zero + r);
-                if (rc) {
-                    atomic_store((_Atomic int *)&a->failed, rc);
-                    return;
-                }
+            const int rc = quantize_position((const char *)a->x + (b * a->xb + h * a->xh + (p - a->n) * a->xt) * es,
+                                             a->x_bf16, D, g, (int)a->bits, a->rotate, a->rscale, p, codes, scale, zero, v);
+            if (rc) {
+                atomic_store((_Atomic int *)&a->failed, rc);
+                return;
             }
         }
         for (int64_t c = 0; c < per; c++) {

@@ -181,9 +181,12 @@ def test_append_read_native_call_and_what_it_leaves_to_the_steps():
     x = torch.randn(1, 2, 4, 64)
     out = ops.kv_append_read(x, bufs, 3, 4, 64, True, torch.float32)
     assert out is not None and out.shape == (1, 2, 7, 64)
-    step = lambda: ops.kv_append_read(torch.randn(4, 2, 200, 64, generator=torch.Generator().manual_seed(0)),  # noqa: E731
-                                      PackedKV(4, False).reserve((4, 2), 200, (side.codes, side.scale, side.zero)), 0, 4,
-                                      64, True, torch.bfloat16)
+    def step():
+        fresh = PackedKV(4, False)
+        fresh.head_dim = 64
+        return ops.kv_append_read(torch.randn(4, 2, 200, 64, generator=torch.Generator().manual_seed(0)),
+                                  fresh.reserve((4, 2), 200), 0, 4, 64, True, torch.bfloat16)
+
     assert_same_for_thread_counts(step, step())
     bad = x.clone()
     bad[0, 1, 2, 5] = float("inf")
