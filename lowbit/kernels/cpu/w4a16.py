@@ -3,7 +3,8 @@
 - ``gemm`` (default where the group is a multiple of 64 and its build has AVX2 or wider): lowbit's
   batched kernel (:mod:`.a16_gemm`), the ``native`` kernel's int16 arithmetic and bits over tiles
   of several tokens x 32 rows; faster than ``native`` at every batch measured (4096², AVX-512
-  VNNI, loaded: 1.4x at batch 1, 2.1-3.1x from 8 on).
+  VNNI, loaded: 1.4x at batch 1, 2.1-3.1x from 8 on), and with weights read from memory at 1-16
+  tokens on Zen 4 and its AVX2 build (1.04-2.36x; 0.95x at one token of 576x1536 on AVX-512).
 - ``native`` (the default instead on portable builds): lowbit's AVX2 GEMV kernel with int16
   activations (:mod:`.w4_gemv`), 1.2-1.8x faster than ``int4pack`` on 4096² here.
 - ``int4pack``: torch's packed-int4 matmul (``_weight_int4pack_mm_for_cpu``), described below.

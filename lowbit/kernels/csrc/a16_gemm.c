@@ -34,7 +34,7 @@ int a16_gemm_simd(void) { return panel_simd_level(); }
 #define MR 3 /* 16 ymm registers: 6 accumulators, 4 weight vectors, 2 broadcasts */
 #define NV 1
 #endif
-/* Vectors of rows a tile may span: NV, or for one token on AVX2 a whole panel (a16_item) */
+/* Vectors of rows a tile may span: NV, or for few tokens on AVX2 a whole panel (a16_few_item) */
 #define NV_MAX (PANEL > NV * VL ? PANEL / VL : NV)
 
 struct a16_args {
@@ -58,11 +58,28 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV_MAX][
     for (int m = 0; m < mr; m++)
         for (int v = 0; v < nv; v++) acc[m][v][0] = acc[m][v][1] = VZERO();
     const int64_t kp = A->kp;
-    if (A->nibbles) {
+    if (A->nibbles && nv > NV) { /* AVX2 whole-panel tiles: each half's 4 weight vectors used by every
+                                  * token before the next half's are unpacked (16 ymm registers) */
+        for (int64_t k = a; k < b; k += 8)
+            for (int v = 0; v < nv; v++) {
+                const uint8_t *p = A->w + panel_at(r0 + v * VL, k, kp, 1);
+                PANEL_PREFETCH(p);
+                vi_t raw = VLOAD(p), lo = VMASK4(raw), hi = VSHR4(raw);
+                vi_t w0 = VUNPLO8(lo), w1 = VUNPHI8(lo), w2 = VUNPLO8(hi), w3 = VUNPHI8(hi);
+                for (int m = 0; m < mr; m++) {
+                    vi_t xa = VBCAST64(x + m * kp + k), xb = VBCAST64(x + m * kp + k + 4);
+                    acc[m][v][0] = DOT16(DOT16(acc[m][v][0], w0, xa), w2, xb);
+                    acc[m][v][1] = DOT16(DOT16(acc[m][v][1], w1, xa), w3, xb);
+                }
+            }
+    } else if (A->nibbles) {
         for (int64_t k = a; k < b; k += 8) {
             vi_t w0[NV_MAX], w1[NV_MAX], w2[NV_MAX], w3[NV_MAX];
             for (int v = 0; v < nv; v++) {
                 const uint8_t *p = A->w + panel_at(r0 + v * VL, k, kp, 1);
+#ifdef A16_PF1
+                if (v == 0)
+#endif
                 PANEL_PREFETCH(p);
                 vi_t raw = VLOAD(p), lo = VMASK4(raw), hi = VSHR4(raw);
                 w0[v] = VUNPLO8(lo), w1[v] = VUNPHI8(lo), w2[v] = VUNPLO8(hi), w3[v] = VUNPHI8(hi);
@@ -189,45 +206,65 @@ static inline __attribute__((always_inline)) void wide_tile(const struct a16_arg
 
 #define A16_TILE(mr) (nv == NV ? tile(A, i, r0, (mr), NV) : tile(A, i, r0, (mr), 1))
 #define A16_WIDE(mr) (nv == NV ? wide_tile(A, buf, i, r0, (mr), NV) : wide_tile(A, buf, i, r0, (mr), 1))
+/* Every token of A in tiles of mr0 tokens, then 2, then 1: CALL(mr) with i the tile's first token
+ * (mr a constant in each call, so that each tile's registers are allocated for its size). */
+#define A16_TOKEN_TILES(mr0, CALL)                                    \
+    for (int64_t i = 0; i < A->t;) {                                  \
+        const int64_t left_ = A->t - i;                               \
+        const int mr_ = left_ >= (mr0) ? (mr0) : left_ >= 2 ? 2 : 1; \
+        if (mr_ == (mr0)) CALL(mr0);                                  \
+        else if (mr_ == 2) CALL(2);                                   \
+        else CALL(1);                                                 \
+        i += mr_;                                                     \
+    }
 
-/* NV vectors of rows from r0 (fewer at the end), every token: tiles of MR tokens, then 2, 1. */
+/* NV vectors of rows from r0 (fewer at the end), every token, the weights widened once. */
 static void a16_rows(const struct a16_args *A, const int64_t r0) {
     const int nv = (A->out - r0) / VL < NV ? (int)((A->out - r0) / VL) : NV;
-    const vi_t *buf = A->t > MR ? widen(A, r0, nv) : NULL; /* NULL (one token tile, or no memory): unpack in place */
-    for (int64_t i = 0; i < A->t && buf;) {
-        const int64_t left = A->t - i;
-        const int mr = left >= MR ? MR : left >= 2 ? 2 : 1;
-        if (mr == MR) A16_WIDE(MR);
-        else if (mr == 2) A16_WIDE(2);
-        else A16_WIDE(1);
-        i += mr;
-    }
-    if (buf) return;
-    for (int64_t i = 0; i < A->t;) {
-        const int64_t left = A->t - i;
-        const int mr = left >= MR ? MR : left >= 2 ? 2 : 1;
-        if (mr == MR) A16_TILE(MR);
-        else if (mr == 2) A16_TILE(2);
-        else A16_TILE(1);
-        i += mr;
+    const vi_t *buf = widen(A, r0, nv);
+    if (buf) {
+        A16_TOKEN_TILES(MR, A16_WIDE)
+    } else { /* no memory: unpack in place */
+        A16_TOKEN_TILES(MR, A16_TILE)
     }
 }
 
-/* One work item: a whole panel at least. AVX2's row tile (8 rows) is half a panel, whose two halves
- * share every 64-byte line: as items of their own, taken by different threads, each thread pulled
- * every line of the panel from memory and used half of it. One token (decode) takes both halves in
- * one tile, so each line is used whole as it streams in (one pass per half would read the second
- * half from L2 after the stream, not beside it). The same rows, the same bits. */
+/* Few tokens (decode, small batches): every tile unpacks its weights in place, in work items of
+ * A16_FEW_ROWS rows. Measured with the weights read from memory (the caches flushed before each
+ * call), 2 threads, 4096^2 and the default model's shapes, AMD Zen 4 and its AVX2 build
+ * (scripts/a16_small_batch_ab.py; docs/measurements/a16_few_tokens_*epyc_zen4_2026-12-05.json):
+ * - the widened copy (widen) cost more than it saved below 9 tokens on AVX2 and up to 64 on
+ *   AVX-512, whose vpdpwssd leaves the unpacking the larger share (W4A16 4096^2, 8 tokens:
+ *   1.26 -> 0.85 ms);
+ * - items of 128 rows beat a panel or two each: every item starts a new stream of codes that the
+ *   prefetches reach only 2 KB into;
+ * - on AVX2 a tile spans a whole panel (both halves of every 64-byte line) for up to 2 tokens,
+ *   each half's weight vectors unpacked once and used by both tokens (dot_tile's nv > NV order):
+ *   the lines are used whole as they stream in, as the one-token tile alone did before. */
+#if NV_MAX > NV
+#define A16_FEW_T 8
+#define A16_FEW_MR 2
+#else
+#define A16_FEW_T 64
+#define A16_FEW_MR MR
+#endif
+#define A16_FEW_ROWS 128
+#define A16_FEW_TILE(mr) (nv == NV_MAX ? tile(A, i, r0, (mr), NV_MAX) : tile(A, i, r0, (mr), 1))
+static void a16_few_item(const void *ctx, int64_t item) {
+    const struct a16_args *A = ctx;
+    const int64_t end = (item + 1) * A16_FEW_ROWS < A->out ? (item + 1) * A16_FEW_ROWS : A->out;
+    for (int64_t r0 = item * A16_FEW_ROWS; r0 < end; r0 += NV_MAX * VL) {
+        const int nv = (end - r0) / VL < NV_MAX ? 1 : NV_MAX; /* AVX-512: one 16-row vector at the end */
+        A16_TOKEN_TILES(A16_FEW_MR, A16_FEW_TILE)
+    }
+}
+
+/* Many tokens: a work item is a whole panel, every tile's weights widened once (a16_rows). AVX2's
+ * row tile (8 rows) is half a panel, whose halves share every 64-byte line: as items of their own,
+ * taken by different threads, each thread would pull every line of the panel and use half of it. */
 #define A16_TILES_PER_ITEM (PANEL > NV * VL ? PANEL / (NV * VL) : 1)
 static void a16_item(const void *ctx, int64_t item) {
     const struct a16_args *A = ctx;
-#if NV_MAX > NV
-    const int64_t p0 = item * PANEL;
-    if (A->t == 1 && p0 + PANEL <= A->out) {
-        tile(A, 0, p0, 1, NV_MAX);
-        return;
-    }
-#endif
     for (int64_t s = 0; s < A16_TILES_PER_ITEM; s++) {
         const int64_t r0 = (item * A16_TILES_PER_ITEM + s) * NV * VL;
         if (r0 < A->out) a16_rows(A, r0);
@@ -342,6 +379,12 @@ static void a16_gemm_codes(const void *ctx, const int16_t *xq, const float *sx, 
     struct a16_args A = {m->w, m->sw, m->zw, m->out, m->kp, m->group, m->ng, t, m->nibbles, xq, sx, xsum, y};
 #if A16_AMX
     if (t >= A16_AMX_MIN_T && !a16_amx_run(&A, threads)) return;
+#endif
+#if PANEL_SIMD
+    if (t <= A16_FEW_T) {
+        pool_run(a16_few_item, &A, (m->out + A16_FEW_ROWS - 1) / A16_FEW_ROWS, threads);
+        return;
+    }
 #endif
     pool_run(a16_item, &A, (m->out + A16_ROWS_PER_ITEM - 1) / A16_ROWS_PER_ITEM, threads);
 }

@@ -1,6 +1,7 @@
 """lowbit's batched W4A16 / W8A16 kernel (``gemm``): the GEMV kernels' bits (``native``, which are
 tested against the float64 reference within their int16 bound) and its portable build's, at the
-boundaries of its tiles (4 tokens x 32 rows; 8-channel steps): tokens 1..17, odd widths and rows,
+boundaries of its tiles (4 tokens x 32 rows; 8-channel steps; work items of 128 rows for few tokens):
+tokens 1..17, odd widths and rows,
 groups, zero points, bfloat16 in and out, non-finite tokens, thread counts."""
 
 import pytest
@@ -28,7 +29,8 @@ def _asymmetric(out: int, n: int, group: int, seed: int) -> LinearParams:
                         group, torch.zeros(out, 0, dtype=torch.int8), torch.ones(out), torch.randn(out, generator=g))
 
 
-@pytest.mark.parametrize("out,n,group", [(37, 333, 64), (16, 64, 64), (33, 200, 0), (80, 1024, 128), (1, 128, 64)])
+@pytest.mark.parametrize("out,n,group", [(37, 333, 64), (16, 64, 64), (33, 200, 0), (80, 1024, 128), (1, 128, 64),
+                                         (140, 256, 64)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_w4a16_gemm_equals_gemv_and_portable(out, n, group, dtype):
     torch.manual_seed(out + n)
@@ -55,7 +57,7 @@ def test_w4a16_gemm_zero_points_and_nonfinite_tokens():
     assert torch.isnan(y[3]).all() and torch.isnan(y[6]).all() and torch.isfinite(y[[0, 1, 2, 4, 5, 7, 8]]).all()
 
 
-@pytest.mark.parametrize("out,n", [(37, 333), (16, 32), (48, 600), (1, 1)])
+@pytest.mark.parametrize("out,n", [(37, 333), (16, 32), (48, 600), (1, 1), (140, 256)])
 def test_w8a16_gemm_equals_gemv_and_portable(out, n):
     torch.manual_seed(out * n)
     p = from_float(torch.randn(out, n), "w8a16", bias=torch.randn(out))
