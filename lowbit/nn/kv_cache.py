@@ -18,6 +18,7 @@ low-frequency pairs) then no longer set the scale of every token.
 
 from __future__ import annotations
 
+import contextlib
 from functools import lru_cache
 
 import torch
@@ -122,8 +123,11 @@ class PackedKV:
         buffers hold more."""
         n = self.rows
         bufs = self._bufs
-        if n and tuple(bufs[0].shape[:2]) != tuple(shape):
-            raise ValueError(f"the KV cache holds batch x heads {tuple(bufs[0].shape[:2])}, new states have {tuple(shape)}")
+        if bufs is not None and tuple(bufs[0].shape[:2]) != tuple(shape):
+            if n:
+                raise ValueError(f"the KV cache holds batch x heads {tuple(bufs[0].shape[:2])}, new states have "
+                                 f"{tuple(shape)}")
+            bufs = self._bufs = None  # nothing stored (a first append that failed): lay out afresh
         if bufs is None or bufs[0].shape[2] < n + new:
             device = bufs[0].device if bufs is not None else device or "cpu"
             layout = (((packed_size(self.group or self.head_dim, self.bits),), torch.uint8), ((), torch.float16),
@@ -206,9 +210,24 @@ class PackedKVLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        with self._both_or_neither():
+            out = (self._quantized_keys.append_read(key_states, key_states.dtype),
+                   self._quantized_values.append_read(value_states, value_states.dtype))
         self.cumulative_length += key_states.shape[-2]
-        return (self._quantized_keys.append_read(key_states, key_states.dtype),
-                self._quantized_values.append_read(value_states, value_states.dtype))
+        return out
+
+    @contextlib.contextmanager
+    def _both_or_neither(self):
+        """Keys and values stored together: where the values raise (NaN/Inf, a scale beyond fp16)
+        after the keys went in, the keys' new rows are dropped again, so the two sides never
+        disagree on how many positions they hold."""
+        keys, values = self._quantized_keys, self._quantized_values
+        rows = keys.rows, values.rows
+        try:
+            yield
+        except BaseException:
+            keys.rows, values.rows = rows
+            raise
 
     def attend_one(self, query: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor,
                    scaling: float) -> torch.Tensor | None:
@@ -223,10 +242,11 @@ class PackedKVLayer(DynamicLayer):
         out = self._one_call(query, key_states, value_states, scaling)
         if out is not None:
             return out
-        self.cumulative_length += key_states.shape[-2]
         keys, values = self._quantized_keys, self._quantized_values
-        keys.append(key_states)
-        values.append(value_states)
+        with self._both_or_neither():
+            keys.append(key_states)
+            values.append(value_states)
+        self.cumulative_length += key_states.shape[-2]
         q = keys.rotate(query) if self.hadamard else query
         out = kv_packed.attention_decode_packed(q, keys.codes, keys.scale, keys.zero, values.codes, values.scale,
                                                  values.zero, self.bits, self.group or d, scaling)
@@ -240,7 +260,7 @@ class PackedKVLayer(DynamicLayer):
         keys, values = self._quantized_keys, self._quantized_values
         d = query.shape[-1]
         g = self.group or d
-        if self.symmetric or not keys.rows or keys.head_dim != d or key_states.shape[-2] != 1:
+        if self.symmetric or not keys.rows or keys.rows != values.rows or keys.head_dim != d or key_states.shape[-2] != 1:
             return None
         n = keys.rows
         per = d // g

@@ -258,6 +258,44 @@ def test_a_cache_refuses_states_of_another_batch():
         kv.append(torch.randn(4, 2, 1, 16))  # would have broadcast the stored rows into 4 sequences
 
 
+def test_a_failed_first_append_leaves_no_layout_behind():
+    """A prefill that raises before anything is stored (NaN) must not fix the buffers' batch: the
+    next states, of another batch, are stored as they are, not broadcast into the failed one's."""
+    kv = PackedKV(4, symmetric=False)
+    bad = torch.randn(4, 2, 3, 16)
+    bad[0, 0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        kv.append_read(bad, torch.float32)
+    x = torch.randn(1, 2, 3, 16)
+    kv.append(x)
+    assert kv.rows == 3 and tuple(kv.codes.shape[:3]) == (1, 2, 3)
+    assert kv.dequantize(torch.float32).shape == x.shape
+
+
+@pytest.mark.parametrize("step", ["attend_one", "update"])
+def test_values_that_raise_take_the_keys_new_rows_back(step, monkeypatch):
+    """Keys and values are stored together or not at all: new values with a NaN raise after the
+    keys went in; the keys' rows are dropped again and the positions are not counted, so the next
+    step stores, attends and counts as if the failed one had never been called."""
+    from lowbit.nn.kv_cache import PackedKVLayer
+
+    torch.manual_seed(7)
+    a, b = PackedKVLayer(4, False, True), PackedKVLayer(4, False, True)
+    k, v = torch.randn(1, 2, 5, 64), torch.randn(1, 2, 5, 64)
+    a.update(k, v), b.update(k, v)
+    vbad = torch.randn(1, 2, 1, 64)
+    vbad[0, 0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        if step == "update":
+            a.update(torch.randn(1, 2, 1, 64), vbad)
+        else:
+            a.attend_one(torch.randn(1, 4, 1, 64), torch.randn(1, 2, 1, 64), vbad, 0.125)
+    assert a.get_seq_length() == 5 and a._quantized_keys.rows == a._quantized_values.rows == b._quantized_keys.rows
+    q, kn, vn = torch.randn(1, 4, 1, 64), torch.randn(1, 2, 1, 64), torch.randn(1, 2, 1, 64)
+    assert torch.equal(a.attend_one(q, kn, vn, 0.125), b.attend_one(q, kn, vn, 0.125))
+    assert a.get_seq_length() == b.get_seq_length() == 6
+
+
 def test_reorder_cache_selects_sequences_and_keeps_appending():
     """Beam search's reorder: the stored codes of the chosen sequences, in the new order; the
     buffers keep their room, so the next decode steps append (and attend) as before."""

@@ -57,6 +57,37 @@ def packed_decode_applies(q: torch.Tensor, bits: int, group: int, head_dim: int)
             and q.shape[3] == head_dim and head_dim % group == 0 and (bits == 8 or group % 2 == 0))
 
 
+def _check_packed_cache(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, bits: int, group: int) -> None:
+    """ValueError unless the tensors form the packed cache the C reads (its row bytes, L·D/g rows,
+    scales and zero points of that many rows, every tensor on the CPU, rows contiguous): the C
+    trusts these sizes, so a wrong one would read past the tensors."""
+    what = "attention_decode_packed"
+    if q.dim() != 4 or q.shape[2] != 1 or not 0 < q.shape[3] <= MAX_HEAD_DIM:
+        raise ValueError(f"{what}: needs one query token [B, Hq, 1, D] with D <= {MAX_HEAD_DIM}, got {tuple(q.shape)}")
+    B, Hq, _, D = q.shape
+    if bits not in (4, 8) or group <= 0 or D % group or group * bits % 8:
+        raise ValueError(f"{what}: {bits}-bit codes in groups of {group} over head_dim {D} are not supported")
+    zeros = tuple(z for z in (k_zero, v_zero) if z is not None)
+    tensors = (q, k_codes, k_scale, v_codes, v_scale) + zeros
+    if any(not isinstance(t, torch.Tensor) or not t.is_cpu for t in tensors):
+        raise ValueError(f"{what}: the query and every cache tensor must be CPU tensors")
+    if k_codes.dim() != 4 or k_codes.shape[0] != B or k_codes.shape[3] != group * bits // 8:
+        raise ValueError(f"{what}: codes must be [B, Hkv, rows, {group * bits // 8}] for {bits}-bit groups of {group}, "
+                         f"got {tuple(k_codes.shape)}")
+    Hkv, rows = k_codes.shape[1], k_codes.shape[2]
+    if Hkv == 0 or Hq % Hkv or rows % (D // group):
+        raise ValueError(f"{what}: {Hq} query heads over {Hkv} KV heads, {rows} rows of {group} values over head_dim {D}")
+    if (k_codes.dtype != torch.uint8 or v_codes.dtype != torch.uint8 or v_codes.shape != k_codes.shape
+            or k_scale.dtype != torch.float16 or v_scale.dtype != torch.float16
+            or k_scale.shape != (B, Hkv, rows) or v_scale.shape != k_scale.shape
+            or (k_zero is None) != (v_zero is None)
+            or any(z.dtype != torch.uint8 or z.shape != k_scale.shape for z in zeros)):
+        raise ValueError(f"{what}: codes, scales and zero points do not form one packed cache")
+    for t in tensors[1:]:
+        if t.stride(-1) != 1 or (t.dim() == 4 and t.stride(2) != t.shape[3]):
+            raise ValueError(f"{what}: the cache's rows must be contiguous")
+
+
 def attention_decode_packed(q: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor, k_zero: torch.Tensor | None,
                             v_codes: torch.Tensor, v_scale: torch.Tensor, v_zero: torch.Tensor | None, bits: int,
                             group: int, scale: float, lib=None) -> torch.Tensor:
@@ -67,15 +98,10 @@ def attention_decode_packed(q: torch.Tensor, k_codes: torch.Tensor, k_scale: tor
     cache is rotated). float32 math; the same attention as over the dequantized cache up to float32
     rounding (the dequantized path rounds keys and values to the model's dtype first)."""
     lib = lib or _LIB.get()
+    _check_packed_cache(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, bits, group)
     B, Hq, _, D = q.shape
     Hkv, rows = k_codes.shape[1], k_codes.shape[2]
     L = rows * group // D
-    for t in (k_codes, k_scale, v_codes, v_scale) + tuple(z for z in (k_zero, v_zero) if z is not None):
-        if t.stride(-1) != 1 or (t.dim() == 4 and t.stride(2) != t.shape[3]):
-            raise ValueError("attention_decode_packed: the cache's rows must be contiguous")
-    if (k_scale.dtype != torch.float16 or v_scale.dtype != torch.float16 or k_codes.dtype != torch.uint8
-            or v_codes.shape != k_codes.shape or k_scale.shape != (B, Hkv, rows) or v_scale.shape != k_scale.shape):
-        raise ValueError("attention_decode_packed: codes, scales and zero points do not form one packed cache")
     qf = q.reshape(B, Hq, D).float().contiguous()
     out = torch.empty((B, Hq, D), dtype=torch.float32)
     rc = lib.attn_decode_packed(qf.data_ptr(), *_packed_side(k_codes, k_scale, k_zero), *_packed_side(v_codes, v_scale, v_zero),

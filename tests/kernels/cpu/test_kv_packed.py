@@ -45,6 +45,21 @@ def test_packed_attention_refuses_what_it_does_not_take():
     k.append(torch.randn(1, 2, 3, 16))
     with pytest.raises(ValueError, match="one packed cache"):
         ops.attention_decode_packed(q, k.codes, k.scale.float(), k.zero, k.codes, k.scale, k.zero, 4, 16, 0.25)
+    # each of these once reached the C, which trusts the sizes: reads past the tensors, or a crash
+    good = (k.codes, k.scale, k.zero, k.codes, k.scale, k.zero)
+    bad = {"rows of 8 bytes read as 8-bit groups of 16": ((q, *good, 8, 16), "codes must be"),
+           "short zero points": ((q, k.codes, k.scale, k.zero[..., :1], k.codes, k.scale, k.zero, 4, 16), "one packed"),
+           "int32 zero points": ((q, k.codes, k.scale, k.zero.int(), k.codes, k.scale, k.zero, 4, 16), "one packed"),
+           "int8 value codes": ((q, k.codes, k.scale, k.zero, k.codes.view(torch.int8), k.scale, k.zero, 4, 16),
+                                "one packed"),
+           "one side symmetric": ((q, k.codes, k.scale, k.zero, k.codes, k.scale, None, 4, 16), "one packed"),
+           "a cache on the meta device": ((q, k.codes.to("meta"), *good[1:], 4, 16), "CPU tensors"),
+           "heads that do not share out": ((torch.randn(1, 3, 1, 16), *good, 4, 16), "query heads"),
+           "two query tokens": ((torch.randn(1, 2, 2, 16), *good, 4, 16), "one query token")}
+    for name, (args, match) in bad.items():
+        with pytest.raises(ValueError, match=match):
+            ops.attention_decode_packed(*args, 0.25)
+            pytest.fail(name)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
