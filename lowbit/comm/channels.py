@@ -124,6 +124,7 @@ class ChannelPlan:
     def merge(self, rest: torch.Tensor, osum: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
         """``out`` (the message's shape and dtype) = inverse transform of the summed rest, with the
         summed outlier channels ``osum`` (float32 ``[tokens, N]``) put back; cast once to out's dtype."""
+        self._check_osum(osum, rest.numel())
         if self._native(rest) and out.is_contiguous() and out.device.type == "cpu":
             n = self.channels.numel()
             native.merge_channels(rest.reshape(-1).contiguous(), self.hidden, self.channels, n, self.block, self.scale,
@@ -138,9 +139,7 @@ class ChannelPlan:
         from .codecs.device import decode, decode_add
 
         n, nch = out.numel(), self.channels.numel()
-        if nch and (osum is None or tuple(osum.shape) != (n // self.hidden, nch)):
-            raise ValueError(f"decode_merge: needs the float32 outlier sums of {n // self.hidden} x {nch}, got "
-                             f"{None if osum is None else tuple(osum.shape)}")
+        self._check_osum(osum, n)
         if (self._native(out) and out.is_contiguous() and all(w.is_contiguous() and w.device.type == "cpu" for w in wires)
                 and codec.kind in ("int", "fp4")):
             native.decode_merge_channels(list(wires), 0 if codec.kind == "int" else 1, codec.bits, codec.row_bytes,
@@ -152,11 +151,19 @@ class ChannelPlan:
             decode_add(acc, w, codec, fp_wire=torch.float32)
         return self.merge(acc.view(-1, self.hidden), osum, out)
 
+    def _check_osum(self, osum: torch.Tensor | None, n: int) -> None:
+        nch = self.channels.numel()
+        if nch and (not isinstance(osum, torch.Tensor) or tuple(osum.shape) != (n // self.hidden, nch)):
+            raise ValueError(f"merge: needs the float32 outlier sums of {n // self.hidden} x {nch}, got "
+                             f"{tuple(osum.shape) if isinstance(osum, torch.Tensor) else repr(osum)}")
+
     def merge_torch(self, rest: torch.Tensor, osum: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
         vals = block_transform(rest, self.block) if self.block else rest
         vals = vals.reshape(-1, self.hidden)
         if osum is not None and self.channels.numel():
             vals.index_copy_(1, self.channels.to(vals.device), osum)
+        if out.dtype == torch.float16:  # as the plain decode: within the codec's rounding of 65504 stays finite
+            vals = torch.where(vals.abs() < 65536.0, vals.clamp(-65504.0, 65504.0), vals)
         out.copy_(vals.view(out.shape))
         return out
 
@@ -191,7 +198,9 @@ def spread_channels(n: int, hidden: int) -> torch.Tensor:
 
 def block_transform(x: torch.Tensor, block: int) -> torch.Tensor:
     """``H/√B`` applied to every ``block`` consecutive values of the flat float32 ``x`` (same shape);
-    its own inverse up to rounding. The butterfly of ``lowbit.formats.hadamard.fast_transform``."""
+    its own inverse up to rounding. The butterfly of ``lowbit.formats.hadamard.fast_transform``: it
+    adds before it scales, so a block beyond float32's maximum / B overflows (inf, then NaN on the
+    wire: poisoned, as the C path does)."""
     if x.numel() % block:
         raise ValueError(f"block Hadamard: {x.numel()} values are not whole blocks of {block}")
     return fast_transform(x.reshape(-1, block)).view(x.shape)

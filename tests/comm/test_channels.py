@@ -206,3 +206,33 @@ def test_fused_decode_merge_equals_decode_sum_then_merge(odt):
     with pytest.raises(ValueError, match="wire 1"):
         plan.decode_merge([torch.zeros(1, c.row_bytes, dtype=torch.uint8), torch.zeros(2, c.row_bytes, dtype=torch.uint8)],
                           c, torch.zeros(1, 2), torch.empty(1, 576))
+
+
+def test_float16_sums_at_the_limit_stay_finite_and_bad_outlier_sums_are_refused():
+    """FP4 decodes float16 65504 as 65520, which float16 rounds to inf: the channel options' merge
+    keeps such a sum at 65504, as the plain codec does (it came back inf), in the torch path, the C
+    merge and the fused decode_merge; NaN stays NaN. The outlier sums must be float32 CPU
+    [tokens, N]: a transposed one (merged silently before) or a meta one (its pointer handed to C)
+    is refused by both merges."""
+    from lowbit.comm.codecs import native
+
+    c = parse_spec("fp4").codec
+    plan = ChannelPlan.make("fp4+o2", 64, torch.tensor([10, 20]))
+    x = torch.zeros(32, 64, dtype=torch.float16)
+    x[0, 0], x[0, 1], x[1, 3] = 65504.0, -65504.0, float("nan")
+    wire = torch.empty(1, c.row_bytes, dtype=torch.uint8)
+    outl = torch.empty(32, 2, dtype=torch.float16)
+    plan.encode(x, c, wire, outl)
+    y = plan.decode_merge([wire], c, outl.float(), torch.empty_like(x))
+    assert y[0, 0].item() == 65504.0 and y[0, 1].item() == -65504.0 and bool(torch.isnan(y[1, 3]))
+    rest, _ = plan.split_torch(x)
+    assert plan.merge_torch(rest.clone(), outl.float(), torch.empty_like(x))[0, 0].item() == 65504.0
+    for bad in (outl.float().T.contiguous(), outl.float().to("meta"), None):
+        with pytest.raises(ValueError, match="outlier sums"):
+            plan.merge(rest, bad, torch.empty_like(x))
+        with pytest.raises(ValueError, match="outlier sums"):
+            plan.decode_merge([wire], c, bad, torch.empty_like(x))
+    if native.available():
+        with pytest.raises(ValueError, match="cannot hold"):  # three rows of input, one row of wire: rows were dropped
+            native.encode_rows(torch.ones(3 * 2048), 0, 8, 1, parse_spec("int8").codec.row_bytes,
+                               parse_spec("int8").codec.code_bytes)

@@ -127,3 +127,26 @@ def test_nonfinite_still_poisons_only_its_block_next_to_extended_ones(name):
         y = dec(enc(x, name), name, ROW, torch.float32)
         assert bool(torch.isfinite(y[:32]).all()) and bool(torch.isfinite(y[96:]).all()), label
         assert bool(torch.isnan(y[32:96]).all()), label
+
+
+@pytest.mark.parametrize("name", [n for n in CODECS if n != "fp"])
+def test_scale_bits_no_encoder_writes_poison_their_block_alike(name):
+    """A peer's corrupt scale (fp16 ±inf, or the NaN space beyond the extended scales' range: k of
+    15 or 128-142) decodes to NaN in its block only, the same bits in the reference, torch, the
+    native and the portable build, float32 and bfloat16 out; it once decoded to ±inf, to zero,
+    to tiny values of the wrong sign, or to different NaN bits per build."""
+    c = get_codec(name)
+    x = torch.randn(ROW) * 3
+    for bits in (0x7C00, 0xFC00, 0x7C01, 0x7C03, 0x7DC4, 0x7DC8, 0xFDFF):
+        label_bits = hex(bits)
+        for label, enc, dec in IMPLS:
+            w = enc(x, name).clone()
+            w[0, c.code_bytes:c.code_bytes + 2] = torch.tensor([bits & 0xFF, bits >> 8], dtype=torch.uint8)
+            for dtype in (torch.float32, torch.bfloat16):
+                y = dec(w, name, ROW, dtype)
+                ref = decode_ref(w, name, ROW, dtype)
+                assert bool(torch.isnan(y[:32].float()).all()), (label_bits, label, dtype)
+                assert torch.equal(y[32:], ref[32:]) and bool(torch.isfinite(y[32:].float()).all()), (label_bits, label)
+                assert torch.equal(y.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                                   IMPLS[0][2](w, name, ROW, dtype).view(torch.int16 if dtype == torch.bfloat16
+                                                                         else torch.int32)), (label_bits, label, dtype)

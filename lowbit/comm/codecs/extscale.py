@@ -14,7 +14,10 @@ toward zero, so every decoded value is finite in float32 and bfloat16. Error of 
 at most 2|s| per value (the bound ``accuracy.quantization_bound`` uses for it).
 
 A poisoned block (NaN/Inf input) keeps the scale 0x7E00 (bit 9 set, never an extended scale) and
-decodes to NaN, as before; readers that do not know extended scales see NaN there too.
+decodes to NaN, as before; readers that do not know extended scales see NaN there too. Scale bits
+no encoder writes (fp16 ±inf, or a payload with k outside 16..127) decode to NaN as well, in every
+implementation alike: a peer's corrupt scale poisons its block visibly and the same on every rank,
+instead of decoding to ±inf, to zero or to a value of the wrong sign.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import struct
 import torch
 
 BF16_MAX = 3.3895313892515355e38  # the largest finite bfloat16 (0x7F7F)
+EXT_STEPS = 112  # k - 15 of the largest extended scale (2^127 · 1.75)
 E2M1_MAX = 6.0
 
 
@@ -43,7 +47,12 @@ def encode_py(s32: float) -> tuple[int, float]:
 
 
 def is_ext_py(bits: int) -> bool:
-    return bits & 0x7E00 == 0x7C00 and bits & 0x1FF != 0
+    return bits & 0x7E00 == 0x7C00 and 1 <= (bits & 0x1FF) >> 2 <= EXT_STEPS
+
+
+def is_void_py(bits: int) -> bool:
+    """Scale bits that are neither an fp16 number nor an extended scale: the block decodes to NaN."""
+    return bits & 0x7C00 == 0x7C00 and not is_ext_py(bits)
 
 
 def value_py(bits: int) -> float:
@@ -61,12 +70,13 @@ def code_cap_py(s: float) -> float:
 def scale_values(h16: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(float32 values, extended mask) of fp16 scales, extended ones decoded; no host sync."""
     bits = h16.view(torch.int16).to(torch.int32) & 0xFFFF
-    ext = ((bits & 0x7E00) == 0x7C00) & ((bits & 0x1FF) != 0)
     p = bits & 0x1FF
+    ext = ((bits & 0x7E00) == 0x7C00) & ((p >> 2) >= 1) & ((p >> 2) <= EXT_STEPS)
     mag = ((p >> 2) + 142).bitwise_left_shift(23) | (p & 3).bitwise_left_shift(21)
     v = mag.view(torch.float32)
     v = torch.where((bits & 0x8000) != 0, -v, v)
-    return torch.where(ext, v, h16.float()), ext
+    plain = torch.where((bits & 0x7C00) == 0x7C00, torch.full_like(v, float("nan")), h16.float())  # is_void_py
+    return torch.where(ext, v, plain), ext
 
 
 def encode(s32: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -52,6 +52,14 @@ _LIB = cbuild.NativeLibrary(_SRC, _flag_sets, _bind)
 _lib: ctypes.CDLL | None = None
 
 
+def _built(lib: ctypes.CDLL | None) -> ctypes.CDLL:
+    """``lib``, else the best build (whether or not :func:`available` was asked first)."""
+    lib = lib or _LIB.get()
+    if lib is None:
+        raise ValueError("the all-reduce codecs' C kernel could not be built here (no C compiler?)")
+    return lib
+
+
 def variant(flags: tuple[str, ...]) -> ctypes.CDLL | None:
     """The kernel built with other flags (e.g. PORTABLE_FLAGS), for tests and benchmarks; None if it fails."""
     return _LIB.get(tuple(flags))
@@ -106,13 +114,13 @@ def encode_rows(x: torch.Tensor, kind: int, bits: int, rows: int, row_bytes: int
     """x: contiguous flat CPU tensor (f32/bf16/f16); rows beyond x are zero padded. ``out``: a
     contiguous uint8 [rows, row_bytes] buffer to write into (else a new one). ``lib``: another build."""
     _check_values(x, "encode input")
-    if rows < 0:
-        raise ValueError(f"encode: rows must be >= 0, got {rows}")
+    if rows < 0 or rows * 2048 < x.numel():
+        raise ValueError(f"encode: {rows} rows of 2048 values cannot hold the input's {x.numel()} values")
     if out is None:
         out = torch.empty(rows, row_bytes, dtype=torch.uint8)
     _check_rows(out, "encode out", rows, row_bytes)
     if rows:
-        _call((lib or _lib).qr_encode, x.data_ptr(), _IN_TYPES[x.dtype], x.numel(), rows, kind, bits, out.data_ptr(),
+        _call(_built(lib).qr_encode, x.data_ptr(), _IN_TYPES[x.dtype], x.numel(), rows, kind, bits, out.data_ptr(),
               row_bytes, code_bytes, _bytes(out))
     return out
 
@@ -133,7 +141,7 @@ def decode_rows(wire: torch.Tensor, kind: int, bits: int, row_bytes: int, code_b
     if out.numel() < n:
         raise ValueError(f"decode: out holds {out.numel()} values, n = {n}")
     if rows and n:
-        _call((lib or _lib).qr_decode, wire.data_ptr(), rows, kind, bits, row_bytes, code_bytes, out.data_ptr(), n,
+        _call(_built(lib).qr_decode, wire.data_ptr(), rows, kind, bits, row_bytes, code_bytes, out.data_ptr(), n,
               int(accumulate), _IN_TYPES[out.dtype], _bytes(wire), out.numel())
     return out
 
@@ -150,7 +158,7 @@ def reduce_rows(wires: list[torch.Tensor], kind: int, bits: int, row_bytes: int,
     ptrs = (ctypes.c_void_p * len(wires))(*[w.data_ptr() for w in wires])
     sizes = (ctypes.c_int64 * len(wires))(*[_bytes(w) for w in wires])
     if rows:
-        _call((lib or _lib).qr_reduce, ptrs, len(wires), rows, kind, bits, row_bytes, code_bytes, float(clamp),
+        _call(_built(lib).qr_reduce, ptrs, len(wires), rows, kind, bits, row_bytes, code_bytes, float(clamp),
               out.data_ptr(), sizes, _bytes(out))
     return out
 
@@ -169,7 +177,7 @@ def split_channels(x: torch.Tensor, hidden: int, chans: torch.Tensor, nch: int, 
     for t, shape, dt, what in ((rest, (tokens, hidden), torch.float32, "rest"), (outl, (tokens, nch), x.dtype, "outl")):
         if tuple(t.shape) != shape or t.dtype != dt or not t.is_contiguous() or t.device.type != "cpu":
             raise ValueError(f"split: {what} must be a contiguous CPU {dt} tensor of shape {shape}")
-    _call((lib or _lib).qr_split, x.data_ptr(), _IN_TYPES[x.dtype], x.numel(), hidden, chans.data_ptr(), nch, block,
+    _call(_built(lib).qr_split, x.data_ptr(), _IN_TYPES[x.dtype], x.numel(), hidden, chans.data_ptr(), nch, block,
           scale, outl.data_ptr(), rest.data_ptr())
     return rest, outl
 
@@ -187,7 +195,7 @@ def encode_split(x: torch.Tensor, hidden: int, chans: torch.Tensor, nch: int, bl
         raise ValueError(f"encode_split: outl must be a contiguous CPU {x.dtype} tensor of shape {(tokens, nch)}")
     if kind > 1:
         raise ValueError("encode_split: only the quantized codecs (int, fp4) take outlier channels / block Hadamard")
-    _call((lib or _lib).qr_encode_split, x.data_ptr(), _IN_TYPES[x.dtype], x.numel(), hidden, chans.data_ptr(), nch,
+    _call(_built(lib).qr_encode_split, x.data_ptr(), _IN_TYPES[x.dtype], x.numel(), hidden, chans.data_ptr(), nch,
           block, scale, outl.data_ptr(), rows, kind, bits, out.data_ptr(), row_bytes, code_bytes, _bytes(out))
     return out, outl
 
@@ -202,10 +210,8 @@ def merge_channels(rest: torch.Tensor, hidden: int, chans: torch.Tensor, nch: in
     _check_chans(chans, hidden, nch, rest.numel())
     if out.numel() != rest.numel():
         raise ValueError(f"merge: out holds {out.numel()} values, the rest {rest.numel()}")
-    if nch and (osum is None or osum.dtype != torch.float32 or not osum.is_contiguous()
-                or osum.numel() != rest.numel() // hidden * nch):
-        raise ValueError(f"merge: needs contiguous float32 outlier sums of {rest.numel() // hidden} x {nch}")
-    _call((lib or _lib).qr_merge, rest.data_ptr(), rest.numel(), hidden, chans.data_ptr(), nch, block, scale,
+    _check_osum(osum, rest.numel() // hidden, nch, "merge")
+    _call(_built(lib).qr_merge, rest.data_ptr(), rest.numel(), hidden, chans.data_ptr(), nch, block, scale,
           osum.data_ptr() if nch else None, out.data_ptr(), _IN_TYPES[out.dtype])
     return out
 
@@ -226,14 +232,21 @@ def decode_merge_channels(wires: list[torch.Tensor], kind: int, bits: int, row_b
     if n > rows * 2048:
         raise ValueError(f"decode_merge: out holds {n} values, the wires {rows} rows = {rows * 2048} values")
     _check_chans(chans, hidden, nch, n)
-    if nch and (osum is None or osum.dtype != torch.float32 or not osum.is_contiguous() or osum.numel() != n // hidden * nch):
-        raise ValueError(f"decode_merge: needs contiguous float32 outlier sums of {n // hidden} x {nch}")
+    _check_osum(osum, n // hidden, nch, "decode_merge")
     ptrs = (ctypes.c_void_p * len(wires))(*[w.data_ptr() for w in wires])
     sizes = (ctypes.c_int64 * len(wires))(*[_bytes(w) for w in wires])
     if n:
-        _call((lib or _lib).qr_decode_merge, ptrs, len(wires), rows, kind, bits, row_bytes, code_bytes, sizes, n, hidden,
+        _call(_built(lib).qr_decode_merge, ptrs, len(wires), rows, kind, bits, row_bytes, code_bytes, sizes, n, hidden,
               chans.data_ptr(), nch, block, scale, osum.data_ptr() if nch else None, out.data_ptr(), _IN_TYPES[out.dtype])
     return out
+
+
+def _check_osum(osum: torch.Tensor | None, tokens: int, nch: int, what: str) -> None:
+    """With outlier channels, ``osum`` must be their contiguous float32 CPU sums ``[tokens, nch]``."""
+    if nch and (not isinstance(osum, torch.Tensor) or osum.dtype != torch.float32 or osum.device.type != "cpu"
+                or not osum.is_contiguous() or tuple(osum.shape) != (tokens, nch)):
+        got = f"{osum.dtype} {tuple(osum.shape)} on {osum.device}" if isinstance(osum, torch.Tensor) else repr(osum)
+        raise ValueError(f"{what}: needs contiguous float32 CPU outlier sums [{tokens}, {nch}], got {got}")
 
 
 def _check_chans(chans: torch.Tensor, hidden: int, nch: int, n: int) -> None:

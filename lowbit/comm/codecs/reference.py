@@ -121,6 +121,8 @@ def decode_ref(
             s = extscale.value_py(bits & 0xFFFF)
             step = (codes[i].float() - c.bias) if c.kind == "int" else e2m1_decode(codes[i])
             vals[i] = step * s  # exact in float32: codes have 8 bits at most, s 3
+        elif extscale.is_void_py(bits & 0xFFFF):  # fp16 inf, NaN or bits no encoder writes
+            vals[i] = float("nan")
     vals = vals.reshape(-1)[:n]
     if dtype == torch.float16:
         vals = torch.where(vals.abs() < 65536.0, vals.clamp(-65504.0, 65504.0), vals)

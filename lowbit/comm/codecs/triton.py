@@ -124,11 +124,12 @@ def _load_row(wire_ptr, row, RB: tl.constexpr, CODE_BYTES: tl.constexpr, BITS: t
         ce = byte & 15
         co = byte >> 4
     h = tl.load(base + CODE_BYTES + 2 * blk).to(tl.int32) | (tl.load(base + CODE_BYTES + 2 * blk + 1).to(tl.int32) << 8)
-    ext = ((h & 0x7E00) == 0x7C00) & ((h & 0x1FF) != 0)
     p = h & 0x1FF
+    ext = ((h & 0x7E00) == 0x7C00) & ((p >> 2) >= 1) & ((p >> 2) <= 112)  # extscale.EXT_STEPS
     ev = (((p >> 2) + 142) << 23 | ((p & 3) << 21)).to(tl.float32, bitcast=True)
     ev = tl.where((h & 0x8000) != 0, -ev, ev)
-    s = tl.where(ext, ev, h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32))[:, None]
+    hv = tl.where((h & 0x7C00) == 0x7C00, float("nan"), h.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32))
+    s = tl.where(ext, ev, hv)[:, None]
     return (ce - BIAS).to(tl.float32) * s, (co - BIAS).to(tl.float32) * s
 
 

@@ -118,9 +118,12 @@ static void merge_row(float *buf, int64_t start, int64_t m, int64_t hidden, cons
         memcpy((float *)out + start, buf, (size_t)m * sizeof(float));
     } else if (out_type == 1) {
         store_bf16(buf, (uint16_t *)out + start, m);
-    } else {
+    } else { /* as the plain decode: a sum within the codec's rounding of F16_MAX stays finite */
         _Float16 *o = (_Float16 *)out + start;
-        for (int64_t i = 0; i < m; i++) o[i] = (_Float16)buf[i];
+        for (int64_t i = 0; i < m; i++) {
+            float v = buf[i], a = fabsf(v);
+            o[i] = (_Float16)((a > F16_MAX && a < 65536.0f) ? copysignf(F16_MAX, v) : v); /* NaN stays NaN */
+        }
     }
 }
 

@@ -22,12 +22,17 @@
 
 #include "../../../native/csrc/half.h"
 
-/* Extended scales (see ../extscale.py): fp16 NaN bit patterns with bit 9 clear and a non-zero
- * payload p carry +-2^(15 + p/4) * (1 + (p & 3)/4), for finite blocks beyond the fp16 range. */
-static inline int is_ext(uint16_t h) { return (h & 0x7E00u) == 0x7C00u && (h & 0x1FFu) != 0; }
+/* Extended scales (see ../extscale.py): fp16 NaN bit patterns with bit 9 clear and a payload p
+ * with 1 <= p/4 <= 112 carry +-2^(15 + p/4) * (1 + (p & 3)/4), for finite blocks beyond the fp16
+ * range. Other bits with the exponent all ones (fp16 +-inf, NaN, payloads no encoder writes) are
+ * NaN: a peer's corrupt scale poisons its block, the same in every build and in torch. */
+static inline int is_ext(uint16_t h) {
+    return (h & 0x7E00u) == 0x7C00u && ((h & 0x1FFu) >> 2) >= 1u && ((h & 0x1FFu) >> 2) <= 112u;
+}
 
 static inline float scale_value(uint16_t h) {
-    if ((h & 0x7C00u) != 0x7C00u || !is_ext(h)) return (float)h_from(h);
+    if ((h & 0x7C00u) != 0x7C00u) return (float)h_from(h);
+    if (!is_ext(h)) return NAN;
     uint32_t p = h & 0x1FFu, mag = (((p >> 2) + 142u) << 23) | ((p & 3u) << 21);
     float v;
     memcpy(&v, &mag, 4);
