@@ -126,6 +126,7 @@ def prepare(p: LinearParams, device: torch.device | str = "cpu", kernel: str | N
     this build, see each kind's module), or for W8A8/W4A4 the ``float`` / ``int_mm`` routes to the
     exact integer products, for W4A16 / W8A16 torch's ``int4pack`` / ``int8pack``. ``input_perm``:
     see :class:`PreparedLinear`."""
+    p.check()  # sizes that disagree are an error here, never a read past a buffer later
     k = choose(p.kind, device, kernel)
     if k == "reference":
         return PreparedLinear(p.kind, k, p.to(device), reference.linear, p.in_features, p.out_features,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from lowbit.errors import LowbitError
-from lowbit.formats.grid import dequantize_groups
+from lowbit.formats.grid import dequantize_groups, n_groups
 from lowbit.formats.quantized_weight import QuantizedWeight, dequantize_outliers, rtn
 from lowbit.formats.scheme import WeightArgs
 
@@ -77,6 +77,24 @@ class LinearParams:
     @property
     def in_features(self) -> int:
         return self.n_normal + self.n_outliers
+
+    def check(self) -> "LinearParams":
+        """``self``, or ValueError where the tensors disagree in size: every kernel's prepare sizes
+        its buffers and reads from them (scales of more rows than the codes, or zero points of fewer
+        groups than the scales, were read past by the native kernels)."""
+        if self.codes.dim() != 2 or self.outlier.dim() != 2 or self.group < 0:
+            raise ValueError(f"{self.kind} params: codes and outlier codes must be [out, channels] and the group "
+                             f">= 0, got {tuple(self.codes.shape)}, {tuple(self.outlier.shape)}, group {self.group}")
+        out, n = self.codes.shape
+        groups = (out, n_groups(n, self.group))
+        want = {"scale": groups, "zero": groups, "outlier": (out, self.n_outliers), "outlier_scale": (out,),
+                "bias": (out,)}
+        for name, shape in want.items():
+            t = getattr(self, name)
+            if t is not None and tuple(t.shape) != shape:
+                raise ValueError(f"{self.kind} params: {name} must be {list(shape)} for codes {[out, n]} in groups "
+                                 f"of {self.group or n}, got {list(t.shape)}")
+        return self
 
     def to(self, device: torch.device | str) -> "LinearParams":
         mv = lambda t: None if t is None else t.to(device)  # noqa: E731

@@ -97,3 +97,21 @@ def test_native_weights_deep_copy_their_own_pointers(kind, method, mod):
     expect = m.run(x, st)
     del st
     assert torch.equal(m.run(x, twin), expect)
+
+
+def test_a_saved_model_runs_in_a_new_process(tmp_path):
+    """torch.save(model) kept the native kernels' cached raw pointers; loaded in another process they
+    pointed nowhere (a segfault). Unpickling now rebuilds them from the loaded tensors."""
+    import subprocess
+    import sys
+
+    model = nn.Sequential(*(KernelLinear.from_quant_linear(_ql(kind, k=k, perm=perm, out=288))
+                            for kind, k, perm in (("w4a16", 0, False), ("w8a8", 0, True), ("w4a4", 32, True))))
+    x = torch.randn(3, 288)
+    torch.save({"model": model, "x": x}, tmp_path / "m.pt")
+    code = ("import sys, torch; d = torch.load(sys.argv[1], weights_only=False); "
+            "torch.save(d['model'](d['x']), sys.argv[2])")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m.pt"), str(tmp_path / "y.pt")],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert torch.equal(torch.load(tmp_path / "y.pt"), model(x))

@@ -49,3 +49,47 @@ def test_from_quant_linear_equals_the_hand_derivation(symmetric, k):
     _same(p.outlier_scale, ql.outlier_scale.float())
     assert p.outlier.shape == (16, k) and p.outlier.dtype == torch.int8
     assert torch.equal(p.dequantize(), ql.dequantized_weight())
+
+
+def _bad_params():
+    """LinearParams whose tensors disagree in size (each once reached a kernel, which sized its reads
+    from one of them: a read past the codes or zero points, a segfault, or only group 0 used)."""
+    from dataclasses import replace
+
+    w4 = from_float(torch.randn(64, 2048), "w4a16", group=64)
+    asym = replace(w4, codes=(w4.codes.to(torch.int16) + 8).to(torch.uint8),
+                   zero=torch.full((64, 32), 8, dtype=torch.int32))
+    w8 = from_float(torch.randn(4, 64), "w8a16")
+    a4 = from_float(torch.randn(16, 160), "w4a4", group=64, n_outliers=32)
+    return {"zero of fewer groups than the scales": (replace(asym, zero=asym.zero[:, :1].contiguous()), "zero"),
+            "scales of far more rows than the codes": (replace(w8, scale=torch.rand(1 << 20, 1)), "scale"),
+            "scales of one group for 32": (replace(w4, scale=w4.scale[:, :1].contiguous()), "scale"),
+            "outlier rows short": (replace(a4, outlier=a4.outlier[:8]), "outlier"),
+            "outlier scales short": (replace(a4, outlier_scale=a4.outlier_scale[:8]), "outlier_scale"),
+            "bias short": (replace(w8, bias=torch.randn(1)), "bias")}
+
+
+@pytest.mark.parametrize("case", list(_bad_params()))
+def test_params_whose_sizes_disagree_are_refused_by_every_prepare(case):
+    from lowbit.kernels import dispatch
+    from lowbit.kernels.cpu import a16_gemm, w4_gemv
+
+    p, name = _bad_params()[case]
+    routes = [lambda: dispatch.prepare(p, kernel="reference")]
+    for m in {"w4a16": ("native", "gemm", "int4pack"), "w8a16": ("native", "gemm", "int8pack"),
+              "w4a4": ("native", "gemm", "float", "int_mm")}[p.kind]:
+        routes += [lambda m=m: dispatch.prepare(p, cpu_method=m), lambda m=m: dispatch._CPU[p.kind].prepare(p, m)]
+    if p.kind == "w4a16":
+        routes += [lambda: w4_gemv.prepare(p), lambda: a16_gemm.prepare_w4(p)]
+    for route in routes:
+        with pytest.raises(ValueError, match=f"{name} must be"):
+            route()
+
+
+def test_w8_native_prepare_takes_one_scale_per_row():
+    """Its row count came from the scales: 4 rows of codes with 2^20 scales were read far past."""
+    from lowbit.kernels.cpu import w8_gemv
+
+    with pytest.raises(ValueError, match="one scale per row"):
+        w8_gemv.prepare(torch.zeros(4, 64, dtype=torch.int8), torch.rand(1 << 20))
+    assert w8_gemv.prepare(torch.zeros(4, 64, dtype=torch.int8), torch.rand(4, 1)).scale.shape == (4,)

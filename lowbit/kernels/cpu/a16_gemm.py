@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from lowbit.kernels.cpu import a16_linear, i8_gemm, w4_gemv
 from lowbit.kernels.cpu.kernel_library import KernelLibrary
+from lowbit.kernels.cpu.native_args import CachedPointers, require_cpu, require_state
 from lowbit.kernels.linear_params import KernelError, LinearParams
 from lowbit.native.cpu_features import cpu_info
 
@@ -136,7 +137,7 @@ def dpbf16(lib: ctypes.CDLL | None = None) -> bool:
 
 
 @dataclass
-class A16Panels:
+class A16Panels(CachedPointers):
     panels: torch.Tensor  # uint8 row panels (i8_gemm.panel_codes)
     scale: torch.Tensor  # float32 [out_pad / 16, n_groups, 16]
     zero: torch.Tensor  # int32 [out_pad / 16, n_groups, 16]
@@ -150,11 +151,10 @@ class A16Panels:
 
     def __post_init__(self) -> None:
         # the weight half of a16_gemm_linear's arguments, built once: a decode step calls every layer
+        # (rebuilt by copies and unpickling)
+        require_cpu("a16 gemm kernel", self.panels, self.scale, self.zero)
         self.args = (self.panels.data_ptr(), int(self.nibbles), self.scale.data_ptr(), self.zero.data_ptr(),
                      i8_gemm.PANEL * self.scale.shape[0], self.k_pad, self.group, self.scale.shape[1], self.n_in)
-
-    def __deepcopy__(self, memo):  # a copy gets its own tensors, so its own pointers
-        return a16_linear.copy_prepared(self, memo)
 
 
 def _require() -> None:
@@ -165,6 +165,7 @@ def _require() -> None:
 def prepare_w4(p: LinearParams) -> A16Panels:
     """W4A16 (symmetric or with zero points), the 4-bit GEMV's groups (:func:`.w4_gemv.check_group`)."""
     _require()
+    p.check()
     if p.kind != "w4a16" or p.n_outliers:
         raise KernelError(f"a16 gemm: w4a16 without outlier channels, got {p.kind} with {p.n_outliers}")
     out, n = p.codes.shape
@@ -185,6 +186,9 @@ def prepare_w8(codes: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | No
     if codes.dtype != torch.int8:
         raise KernelError(f"a16 gemm: w8a16 needs int8 codes, got {codes.dtype}")
     out, n = codes.shape
+    if scale.numel() != out or (bias is not None and tuple(bias.shape) != (out,)):
+        raise ValueError(f"a16 gemm: w8a16 needs one scale (and bias) per row ({out}), got {tuple(scale.shape)}"
+                         f"{'' if bias is None else f' / {tuple(bias.shape)}'}")
     kp, out_pad = -(-n // 32) * 32, -(-out // i8_gemm.PANEL) * i8_gemm.PANEL
     ng = -(-kp // W8_BLOCK)
     u = F.pad(codes.to(torch.int16) + 128, (0, kp - n, 0, out_pad - out))
@@ -205,12 +209,14 @@ def dequantize_bf16(w: A16Panels, lib: ctypes.CDLL | None = None, out: torch.Ten
     """The weight ``[out, in]`` as bfloat16: ``((u - z) * s).to(bfloat16)`` per value, in C; into
     ``out`` (contiguous bfloat16 of that shape) when given."""
     lib = _built(lib)
+    require_state(w, A16Panels, "dequantize_bf16")
     shape = (w.out, w.n_in)
     if out is None:
         out = torch.empty(shape, dtype=torch.bfloat16)
     elif out.shape != shape or out.dtype != torch.bfloat16 or not out.is_contiguous():
         raise ValueError(f"dequantize_bf16: out must be contiguous bfloat16 {shape}, "
                          f"got {out.dtype} {tuple(out.shape)}")
+    require_cpu("dequantize_bf16", out)
     lib.a16_gemm_dequant(*w.args, w.out, out.data_ptr(), torch.get_num_threads())
     return out
 
@@ -258,6 +264,7 @@ def run(x: torch.Tensor, w: A16Panels, lib: ctypes.CDLL | None = None) -> torch.
     sums: within 2^-8·Σ|x·w| + 2^-126·Σ|w| (subnormal inputs read as zero) + the output's rounding
     (tested)."""
     lib = _built(lib)
+    require_state(w, A16Panels, "a16 gemm kernel")
     bf16 = isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16
     # asked only for calls that could take them (below neither they nor the matmul run): a decode
     # step's calls make no extra crossing into C

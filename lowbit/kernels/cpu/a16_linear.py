@@ -16,7 +16,7 @@ import torch
 
 def check_input(x, n_in: int, what: str) -> None:
     """ValueError unless ``x`` is a CPU tensor ``[..., n_in]``."""
-    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != n_in or x.device.type != "cpu":
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != n_in or not x.is_cpu:
         got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"{what}: needs a CPU tensor [..., {n_in}], got {got}")
 

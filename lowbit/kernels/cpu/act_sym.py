@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lowbit.kernels.cpu.native_args import require_cpu
 from lowbit.kernels.linear_params import NonFiniteActivations
 
 
@@ -38,6 +39,7 @@ def symmetric_codes(fn, x: torch.Tensor, n_outliers: int, group: int, ng: int, k
         raise ValueError(f"activations must be [tokens, features], got {tuple(x.shape)}")
     if not x.is_floating_point():
         raise TypeError(f"activations must be floating point, got {x.dtype}")
+    require_cpu("native activation codes", x)
     t, n_in = x.shape
     n = n_in - n_outliers
     if n < 0 or kp < n or ng * group < n or not 2 <= bits <= 8:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from lowbit.kernels.cpu import act_sym
 from lowbit.kernels.cpu.kernel_library import KernelLibrary
+from lowbit.kernels.cpu.native_args import require_cpu, require_state
 from lowbit.kernels.linear_params import NonFiniteActivations
 
 PANEL = 16  # rows per panel
@@ -66,6 +67,7 @@ def amx(lib: ctypes.CDLL | None = None) -> bool:
 def round_bf16(x: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """float32 ``x`` → bfloat16 by the kernels' output rounding (meant to equal ``x.to(torch.bfloat16)``)."""
     lib = _built(lib)
+    require_cpu("round_bf16", x)
     x = x.float().contiguous()
     y = torch.empty(x.shape, dtype=torch.bfloat16)
     lib.i8_round_bf16(x.data_ptr(), y.data_ptr(), x.numel())
@@ -101,8 +103,17 @@ def panel_rows(t: torch.Tensor, out_pad: int) -> torch.Tensor:
 
 def pack(codes: torch.Tensor, scale: torch.Tensor, bits: int, group: int, k_pad: int) -> I8Panels:
     """Signed symmetric codes ``[out, n]`` (INT8 or INT4 values) and their scales ``[out, groups]``
-    (groups of ``group`` channels over ``k_pad`` ≥ n, a multiple of 8) → :class:`I8Panels`."""
+    (groups of ``group`` channels over ``k_pad`` ≥ n; both multiples of the 8 channels a 4-bit
+    panel step holds, of 4 for 8 bits) → :class:`I8Panels`. ValueError otherwise: the kernel steps
+    over whole groups of ``group`` (0 would sum nothing) and reads one scale per group."""
     out, n = codes.shape
+    step = {4: 8, 8: 4}.get(bits)
+    if step is None or k_pad < n or k_pad % step or (k_pad and (group <= 0 or group % step)):
+        raise ValueError(f"i8 gemm: {bits}-bit panels need 4 or 8 bits, k_pad >= {n} and a group > 0, both multiples "
+                         f"of {step or 4}; got k_pad {k_pad}, group {group}")
+    if k_pad and tuple(scale.shape) != (out, -(-k_pad // group)):
+        raise ValueError(f"i8 gemm: scales must be [{out}, {-(-k_pad // group)}] for groups of {group} over {k_pad} "
+                         f"channels, got {tuple(scale.shape)}")
     zero = 128 if bits == 8 else 8
     out_pad = -(-out // PANEL) * PANEL
     u = F.pad(codes.to(torch.int16) + zero, (0, k_pad - n, 0, out_pad - out))
@@ -113,23 +124,30 @@ def act_codes(x: torch.Tensor, n_outliers: int, w: I8Panels, bits: int, clip: fl
               lib: ctypes.CDLL | None = None, *, half: bool = False) -> act_sym.NativeCodes:
     """Per-token symmetric codes of ``x [t, in]`` (outlier channels last) in ``w``'s groups."""
     lib = _built(lib)
+    require_state(w, I8Panels, "i8 gemm")
     return act_sym.symmetric_codes(lib.i8_act_sym, x, n_outliers, w.group, w.scale.shape[1], w.k_pad, bits, clip, half)
 
 
 def run_codes(c: act_sym.NativeCodes, w: I8Panels, outliers: I8Panels | None = None,
               lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """``[t, out]`` float32 (no bias) from codes laid out for ``w`` (:func:`act_codes`), plus the INT8
-    outlier part when ``outliers`` holds its panels."""
+    outlier part when ``outliers`` holds its panels (the C reads ``c.outlier`` as int16 ``[t, k]``,
+    ``c.outlier_scale`` as ``[t]``, the panels as bytes: all checked)."""
     lib = _built(lib)
+    require_state(w, I8Panels, "i8 gemm")
+    require_cpu("i8 gemm", c.xq, c.scale, c.outlier, c.outlier_scale, w.panels, w.scale)
     t, ng = c.xq.shape[0], w.scale.shape[1]
-    if c.xq.shape[1] != w.k_pad or tuple(c.scale.shape) != (t, ng) or c.xq.dtype != torch.int16:
+    if c.xq.dim() != 2 or c.xq.shape[1] != w.k_pad or tuple(c.scale.shape) != (t, ng) or c.xq.dtype != torch.int16:
         raise ValueError(f"i8 gemm: codes must be int16 [t, {w.k_pad}] with scales [t, {ng}], got "
                          f"{c.xq.dtype} {tuple(c.xq.shape)} / {tuple(c.scale.shape)}")
     out_pad = PANEL * w.scale.shape[0]
     y = torch.empty(t, out_pad)
-    o, ko = (outliers, c.outlier.shape[1]) if outliers is not None and c.outlier.shape[1] else (None, 0)
-    if o is not None and (o.scale.shape[0] != w.scale.shape[0] or o.k_pad < ko):
-        raise ValueError("i8 gemm: outlier panels do not match the weight")
+    o, ko = (outliers, c.outlier.shape[-1]) if outliers is not None and c.outlier.shape[-1] else (None, 0)
+    if o is not None:
+        _check_outlier_panels(o, w, ko)
+        if c.outlier.dtype != torch.int16 or tuple(c.outlier.shape) != (t, ko) or c.outlier_scale.numel() != t:
+            raise ValueError(f"i8 gemm: outlier codes must be int16 [{t}, {ko}] with {t} scales, got "
+                             f"{c.outlier.dtype} {tuple(c.outlier.shape)} / {c.outlier_scale.numel()}")
     xq, sx = c.xq.contiguous(), c.scale.float().contiguous()  # held: the C call reads their memory
     xo, sxo = c.outlier.contiguous(), c.outlier_scale.float().contiguous()
     if t and lib.i8_gemm(w.panels.data_ptr(), int(w.nibbles), w.scale.data_ptr(), w.zero, out_pad, w.k_pad, w.group,
@@ -142,15 +160,29 @@ def run_codes(c: act_sym.NativeCodes, w: I8Panels, outliers: I8Panels | None = N
 
 
 
+def _check_outlier_panels(o: I8Panels, w: I8Panels, k: int) -> None:
+    """ValueError unless ``o`` holds INT8 panels of ``k`` channels for ``w``'s rows: the C reads them
+    as bytes with one scale per row, over ``o.k_pad`` channels (k rounded up to 4)."""
+    require_state(o, I8Panels, "i8 gemm outliers")
+    require_cpu("i8 gemm outliers", o.panels, o.scale)
+    if o.nibbles or o.scale.shape[0] != w.scale.shape[0] or o.scale.shape[1] != 1 or not k <= o.k_pad < k + 4:
+        raise ValueError(f"i8 gemm: outlier panels do not match the weight (INT8 panels of {k} channels and "
+                         f"{PANEL * w.scale.shape[0]} rows needed)")
+
+
 def linear_args(w: I8Panels, outliers: I8Panels | None, n_outliers: int, n_in: int, bits: int, clip: float,
                 half: bool = False) -> tuple:
     """The weight half of ``i8_gemm_linear``'s arguments (:func:`linear`), built once per layer: they
     hold raw pointers, so whoever keeps the tuple keeps ``w`` and ``outliers`` too."""
+    require_state(w, I8Panels, "i8 gemm")
+    require_cpu("i8 gemm", w.panels, w.scale)
     n = n_in - n_outliers
     if n < 0 or w.k_pad < n or w.group * w.scale.shape[1] < n or not 2 <= bits <= 8:
         raise ValueError(f"i8 gemm: {n_in} inputs with {n_outliers} outliers do not fit panels over {w.k_pad} channels")
-    if n_outliers and (outliers is None or outliers.scale.shape[0] != w.scale.shape[0] or outliers.k_pad < n_outliers):
-        raise ValueError("i8 gemm: outlier panels do not match the weight")
+    if n_outliers:
+        if outliers is None:
+            raise ValueError("i8 gemm: outlier panels do not match the weight (none given)")
+        _check_outlier_panels(outliers, w, n_outliers)
     o = outliers if n_outliers else None
     return (w.panels.data_ptr(), int(w.nibbles), w.scale.data_ptr(), w.zero, PANEL * w.scale.shape[0], w.k_pad,
             w.group, w.scale.shape[1], o.panels.data_ptr() if o else None, o.scale.data_ptr() if o else None,
@@ -165,10 +197,11 @@ def linear(x: torch.Tensor, args: tuple, out: int, perm: torch.Tensor | None = N
     rounded in C as torch's ``.to(torch.bfloat16)`` rounds (no conversion pass in torch)."""
     lib = _built(lib)
     n_in, out_pad = args[11], args[4]
-    if x.dim() == 0 or x.shape[-1] != n_in or not x.is_floating_point() or x.device.type != "cpu":
+    if x.dim() == 0 or x.shape[-1] != n_in or not x.is_floating_point() or not x.is_cpu:
         raise ValueError(f"i8 gemm: needs a floating-point CPU tensor [..., {n_in}], got {x.dtype} {tuple(x.shape)}")
-    if perm is not None and (perm.dtype != torch.int64 or tuple(perm.shape) != (n_in,) or not perm.is_contiguous()):
-        raise ValueError(f"i8 gemm: the input permutation must be contiguous int64 [{n_in}]")
+    if perm is not None and (perm.dtype != torch.int64 or tuple(perm.shape) != (n_in,) or not perm.is_contiguous()
+                             or not perm.is_cpu):
+        raise ValueError(f"i8 gemm: the input permutation must be contiguous int64 [{n_in}] on the CPU")
     if x.dtype != torch.bfloat16 and x.dtype != torch.float32:
         x = x.float()
     x = x.contiguous()

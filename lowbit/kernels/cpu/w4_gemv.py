@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from lowbit.kernels.cpu import a16_linear, act_sym
 from lowbit.kernels.cpu.kernel_library import KernelLibrary
+from lowbit.kernels.cpu.native_args import CachedPointers, require_cpu, require_state
 from lowbit.kernels.linear_params import KernelError, LinearParams
 
 CHUNK = 64  # input channels per 32-byte chunk of codes
@@ -51,7 +52,7 @@ _LOW = torch.tensor([(c & 15) // 8 * 16 + (c >> 4) * 8 + (c & 7) for c in range(
 
 
 @dataclass
-class W4GemvPrepared:
+class W4GemvPrepared(CachedPointers):
     packed: torch.Tensor  # uint8 [out_pad / 4, kp / 64, 4, 32]
     scale: torch.Tensor  # float32 [out_pad / 4, n_groups, 4] (padded rows: 0)
     zero: torch.Tensor  # int32 [out_pad / 4, n_groups, 4]
@@ -64,11 +65,10 @@ class W4GemvPrepared:
 
     def __post_init__(self) -> None:
         # the weight half of w4_linear's arguments, built once: a decode step calls every layer
+        # (rebuilt by copies and unpickling)
+        require_cpu("w4 gemv kernel", self.packed, self.scale, self.zero)
         self.args = (self.packed.data_ptr(), self.scale.data_ptr(), self.zero.data_ptr(), 4 * self.scale.shape[0],
                      self.k_pad, self.group, self.scale.shape[1], self.n_in)
-
-    def __deepcopy__(self, memo):  # a copy gets its own tensors, so its own pointers
-        return a16_linear.copy_prepared(self, memo)
 
 
 def pack(codes: torch.Tensor) -> torch.Tensor:
@@ -105,6 +105,7 @@ def usable(p: LinearParams) -> bool:
 
 def prepare(p: LinearParams, kinds: tuple[str, ...] = ("w4a16",)) -> W4GemvPrepared:
     """The packed normal channels of ``p`` (outlier channels are the caller's)."""
+    p.check()
     if p.kind not in kinds:
         raise KernelError(f"w4 native kernel got kind {p.kind}, expected {' or '.join(kinds)}")
     if p.n_outliers and p.kind == "w4a16":
@@ -131,17 +132,22 @@ def run(x: torch.Tensor, w: W4GemvPrepared, lib: ctypes.CDLL | None = None) -> t
     """``x [..., in]`` (float32 or bfloat16; others are converted to float32) → ``[..., out]`` of
     x's dtype."""
     lib = _built(lib)
+    require_state(w, W4GemvPrepared, "w4 gemv kernel")
     return a16_linear.call(lib.w4_linear, w.args, w.n_in, w.args[3], w.out, w.bias, x, "w4 gemv kernel")
 
 
 def run_codes(codes: torch.Tensor, scale: torch.Tensor, w: W4GemvPrepared, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """Σ_groups scale[t, g]·w_scale[o, g]·(exact integer group product) for activation codes
-    ``codes [t, n]`` (any integer dtype, |code| ≤ 32767) and their group scales ``scale [t, groups]``
-    → ``[t, out]`` float32 (no bias)."""
+    ``codes [t, n]`` (int8, uint8 or int16: other dtypes are refused, their cast to int16 would wrap
+    or truncate) and their group scales ``scale [t, groups]`` → ``[t, out]`` float32 (no bias)."""
     lib = _built(lib)
+    require_state(w, W4GemvPrepared, "w4 native kernel")
     ng = w.scale.shape[1]
     if codes.dim() != 2 or codes.shape[1] != w.n_in or codes.device.type != "cpu":
         raise ValueError(f"w4 native kernel: codes must be CPU [tokens, {w.n_in}], got {tuple(codes.shape)}")
+    if codes.dtype not in (torch.int8, torch.uint8, torch.int16):
+        raise ValueError(f"w4 native kernel: codes must be int8, uint8 or int16, got {codes.dtype}")
+    require_cpu("w4 native kernel", scale)
     t, n = codes.shape
     if tuple(scale.shape) != (t, ng):
         raise ValueError(f"w4 native kernel: scale must be [{t}, {ng}] (tokens, groups), got {tuple(scale.shape)}")
@@ -167,6 +173,7 @@ def quantize_and_run(x: torch.Tensor, w: W4GemvPrepared, n_outliers: int, bits: 
     symmetric ``bits``-bit codes per weight group (:mod:`.native_act`) → the GEMV; returns ``[t,
     out]`` float32 (no bias) and the codes (the caller's outlier product needs them)."""
     lib = _built(lib)
+    require_state(w, W4GemvPrepared, "w4 native kernel")
     if x.dim() != 2 or x.shape[1] != w.n_in + n_outliers:
         raise ValueError(f"w4 native kernel: activations must be [tokens, {w.n_in + n_outliers}], got {tuple(x.shape)}")
     ng = w.scale.shape[1]

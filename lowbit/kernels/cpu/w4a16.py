@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from lowbit.kernels.cpu import a16_gemm, w4_gemv
 from lowbit.kernels.cpu.method_choice import has_aten_op, pick_method
+from lowbit.kernels.cpu.native_args import require_state
 from lowbit.kernels.linear_params import KernelError, LinearParams
 
 GROUPS = (32, 64, 128, 256)
@@ -57,6 +58,7 @@ def default_method(p: LinearParams) -> str:
 
 def prepare(p: LinearParams, method: str | None = None):
     """The layout of ``method`` (None: :func:`default_method`)."""
+    p.check()
     method = pick_method(method or default_method(p), METHODS, "w4a16")
     if method == "gemm":
         return a16_gemm.prepare_w4(p)
@@ -97,6 +99,7 @@ def run(x: torch.Tensor, w) -> torch.Tensor:
         return a16_gemm.run(x, w)
     if isinstance(w, w4_gemv.W4GemvPrepared):
         return w4_gemv.run(x, w)
+    require_state(w, W4A16Prepared, "cpu w4a16 kernel")
     xb = x.to(w.dtype)
     if w.k_pad != w.n_in:
         xb = F.pad(xb, (0, w.k_pad - w.n_in))

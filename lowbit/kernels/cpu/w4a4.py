@@ -38,8 +38,9 @@ from dataclasses import dataclass
 import torch
 
 from lowbit.formats.grid import to_groups
-from lowbit.kernels.cpu import a16_linear, i8_gemm, w4_gemv, w8_gemv
+from lowbit.kernels.cpu import i8_gemm, w4_gemv, w8_gemv
 from lowbit.kernels.cpu.method_choice import pick_method
+from lowbit.kernels.cpu.native_args import CachedPointers
 from lowbit.kernels.token_codes import IntActivation, quantize_tokens
 from lowbit.kernels.linear_params import ActSpec, KernelError, LinearParams
 
@@ -73,7 +74,7 @@ class W4A4NativePrepared:
 
 
 @dataclass
-class W4A4GemmPrepared:
+class W4A4GemmPrepared(CachedPointers):
     normal: i8_gemm.I8Panels  # INT4 panels of the normal channels
     outlier: i8_gemm.I8Panels | None  # INT8 panels of the outlier channels (None: none)
     n_outliers: int
@@ -83,12 +84,10 @@ class W4A4GemmPrepared:
     method: str = "gemm"
 
     def __post_init__(self) -> None:
-        # i8_gemm.linear's weight arguments, built once: a decode step calls every layer
+        # i8_gemm.linear's weight arguments, built once: a decode step calls every layer (rebuilt by
+        # copies and unpickling)
         self.args = i8_gemm.linear_args(self.normal, self.outlier, self.n_outliers, self.n_in, self.act.bits,
                                         self.act.clip, self.act.half_range)
-
-    def __deepcopy__(self, memo):  # a copy gets its own tensors, so its own pointers
-        return a16_linear.copy_prepared(self, memo)
 
 
 def available() -> bool:
@@ -103,6 +102,7 @@ def default_method(p: LinearParams) -> str:
 
 def prepare(p: LinearParams, method: str | None = None):
     """The layout of ``method`` (None: :func:`default_method`)."""
+    p.check()
     method = pick_method(method or default_method(p), METHODS, "w4a4")
     if p.kind != "w4a4" or p.act is None:
         raise KernelError(f"cpu w4a4 kernel got kind {p.kind}")

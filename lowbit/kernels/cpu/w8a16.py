@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from lowbit.kernels.cpu import a16_gemm, w8_gemv
 from lowbit.kernels.cpu.method_choice import has_aten_op, pick_method
+from lowbit.kernels.cpu.native_args import require_state
 from lowbit.kernels.linear_params import KernelError, LinearParams
 
 METHODS = ("native", "gemm", "int8pack")
@@ -49,6 +50,7 @@ def available() -> bool:
 
 
 def _check(p: LinearParams) -> None:
+    p.check()
     if p.kind != "w8a16":
         raise KernelError(f"cpu w8a16 kernel got kind {p.kind}")
     if p.n_outliers or p.zero is not None or p.scale.shape[1] != 1:
@@ -84,6 +86,7 @@ def run(x: torch.Tensor, w) -> torch.Tensor:
         return a16_gemm.run(x, w)
     if isinstance(w, w8_gemv.W8GemvPrepared):
         return w8_gemv.run(x, w)
+    require_state(w, W8A16Prepared, "cpu w8a16 kernel")
     xb = x.to(w.dtype)
     k = w.weight.shape[1]
     if k % INT8PACK_K or x.shape[-1] != w.n_in:  # never reached through prepare: the op must not see it

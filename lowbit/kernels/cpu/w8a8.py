@@ -34,6 +34,7 @@ import torch
 
 from lowbit.kernels.cpu.method_choice import pick_method
 from lowbit.kernels.cpu import i8_gemm, w8_gemv
+from lowbit.kernels.cpu.native_args import CachedPointers
 from lowbit.kernels.token_codes import quantize_tokens
 from lowbit.native.cpu_features import cpu_info
 from lowbit.kernels.linear_params import ActSpec, KernelError, LinearParams
@@ -69,12 +70,20 @@ def gemm_is_default() -> bool:
 
 
 @dataclass
-class W8A8NativePrepared:
+class W8A8NativePrepared(CachedPointers):
     weight: w8_gemv.W8GemvPrepared | i8_gemm.I8Panels  # the GEMV's layout, or the batched kernel's (method gemm)
     act: ActSpec
     bias: torch.Tensor | None
     method: str = "native"
-    args: tuple | None = None  # gemm: i8_gemm.linear's weight arguments, built once (they point into weight)
+    n_in: int = 0  # gemm: the input width (its panels hold it padded to a multiple of 4)
+
+    def __post_init__(self) -> None:
+        # gemm: i8_gemm.linear's weight arguments, built once; they point into weight, so copies and
+        # unpickling rebuild them (CachedPointers)
+        self.args = None
+        if self.method == "gemm":
+            self.args = i8_gemm.linear_args(self.weight, None, 0, self.n_in, self.act.bits, self.act.clip,
+                                            self.act.half_range)
 
 
 def available() -> bool:
@@ -84,6 +93,7 @@ def available() -> bool:
 def prepare(p: LinearParams, method: str | None = None):
     """The layout of ``method`` (None: ``gemm`` where :func:`gemm_is_default`, else ``native`` where
     it builds, else ``float``)."""
+    p.check()
     default = "gemm" if gemm_is_default() else "native" if w8_gemv.available() else "float"
     method = pick_method(method or default, METHODS, "w8a8")
     if p.kind != "w8a8" or p.act is None or p.act.group != 0:
@@ -94,9 +104,7 @@ def prepare(p: LinearParams, method: str | None = None):
         if not i8_gemm.available():
             raise KernelError("w8a8 gemm: no C compiler could build its kernel (csrc/i8_gemm.c)")
         kp = -(-p.codes.shape[1] // 4) * 4
-        panels = i8_gemm.pack(p.codes, p.scale, 8, kp, kp)
-        args = i8_gemm.linear_args(panels, None, 0, p.codes.shape[1], p.act.bits, p.act.clip, p.act.half_range)
-        return W8A8NativePrepared(panels, p.act, p.bias, "gemm", args)
+        return W8A8NativePrepared(i8_gemm.pack(p.codes, p.scale, 8, kp, kp), p.act, p.bias, "gemm", p.codes.shape[1])
     if method == "native":
         return W8A8NativePrepared(w8_gemv.prepare(p.codes, p.scale[:, 0]), p.act, p.bias)
     w = p.codes.contiguous() if method == "int_mm" else p.codes.t().float().contiguous()

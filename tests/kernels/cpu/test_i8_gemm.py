@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lowbit.kernels import from_float
-from lowbit.kernels.cpu import i8_gemm, w4a4, w8a8
+from lowbit.kernels.cpu import act_sym, i8_gemm, w4a4, w8a8
 from lowbit.kernels.linear_params import KernelError
 from tests.kernels.cpu.builds import amx_builds, bf16_edge_values, portable_build
 from tests.threads import assert_same_for_thread_counts
@@ -233,3 +233,37 @@ def test_one_call_linear_refuses_bad_input_without_reading_it():
         i8_gemm.linear(torch.full((1, 128), float("inf")), st.args, 16)
     with pytest.raises(ValueError, match="outlier panels"):
         i8_gemm.linear_args(st.normal, None, 8, 128, 4, 1.0)
+
+
+def test_outlier_codes_the_c_would_misread_are_refused():
+    """The C reads the outlier codes as int16 [t, k], their scales as [t] and the outlier panels as
+    bytes: int8 codes (read as int16), codes of one token for four, and 4-bit panels had returned
+    wrong numbers or read past the tensors."""
+    torch.manual_seed(0)
+    st = w4a4.prepare(from_float(torch.randn(16, 192), "w4a4", group=64, n_outliers=64), "gemm")
+    c = i8_gemm.act_codes(torch.randn(4, 192), 64, st.normal, 4, 1.0)
+    ref = i8_gemm.run_codes(c, st.normal, st.outlier)
+    nibbles = i8_gemm.pack(torch.randint(-7, 7, (16, 64)), torch.rand(16, 1), 4, 64, 64)
+    cases = {"int8 codes": (dict(outlier=c.outlier.to(torch.int8)), st.outlier),
+             "one token's codes": (dict(outlier=c.outlier[:1].clone(), outlier_scale=c.outlier_scale[:1].clone()),
+                                   st.outlier),
+             "one token's scales": (dict(outlier_scale=c.outlier_scale[:1].clone()), st.outlier),
+             "4-bit panels": ({}, nibbles)}
+    for name, (change, panels) in cases.items():
+        bad = act_sym.NativeCodes(**{**vars(c), **change})
+        with pytest.raises(ValueError, match="outlier"):
+            i8_gemm.run_codes(bad, st.normal, panels)
+            pytest.fail(name)
+    with pytest.raises(ValueError, match="outlier panels"):
+        i8_gemm.linear_args(st.normal, nibbles, 64, 192, 4, 1.0)
+    assert torch.equal(i8_gemm.run_codes(c, st.normal, st.outlier), ref)
+
+
+@pytest.mark.parametrize("bits,group,k_pad,ng", [(8, 0, 64, 1), (8, 6, 64, 11), (4, 12, 64, 6), (8, 16, 62, 4),
+                                                 (4, 16, 60, 4), (8, 16, 64, 3), (4, 16, 48, 2), (3, 16, 64, 4)])
+def test_pack_refuses_groups_the_kernel_cannot_step_over(bits, group, k_pad, ng):
+    """Group 0 gave all-zero outputs, groups off the 4- / 8-channel steps or scales of another group
+    count silently wrong ones."""
+    codes = torch.randint(-7, 7, (16, min(k_pad, 64)))
+    with pytest.raises(ValueError, match="i8 gemm"):
+        i8_gemm.pack(codes, torch.rand(16, ng), bits, group, k_pad)

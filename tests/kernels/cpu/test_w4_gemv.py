@@ -154,3 +154,13 @@ def test_activation_rounding_simd_equals_portable_on_bf16_and_ragged_groups(n, g
         y = w4_gemv.run(xi, st)
         torch.testing.assert_close(y, w4_gemv.run(xi, st, lib), rtol=0, atol=0, equal_nan=True)
         assert torch.isnan(y[4]).all() and not torch.isnan(y[:4]).any() and torch.isfinite(y[5]).all()
+
+
+def test_run_codes_refuses_codes_a_cast_to_int16_would_change():
+    """int32 40000 wrapped and float 0.7 truncated to 0 in the cast, silently."""
+    w = w4_gemv.prepare(from_float(torch.randn(8, 128), "w4a16"))
+    for codes in (torch.full((1, 128), 40000, dtype=torch.int32), torch.full((1, 128), 0.7)):
+        with pytest.raises(ValueError, match="int8, uint8 or int16"):
+            w4_gemv.run_codes(codes, torch.ones(1, 1), w)
+    y = w4_gemv.run_codes(torch.ones(1, 128, dtype=torch.int8), torch.ones(1, 1), w)
+    assert torch.equal(y, w4_gemv.run_codes(torch.ones(1, 128, dtype=torch.int16), torch.ones(1, 1), w))

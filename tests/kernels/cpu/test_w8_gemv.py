@@ -6,6 +6,7 @@ import torch
 
 from lowbit.kernels.cpu import w8_gemv, w8a8
 from lowbit.kernels import from_float
+from lowbit.kernels.linear_params import KernelError
 from tests.threads import assert_same_for_thread_counts
 
 pytestmark = pytest.mark.skipif(not w8_gemv.available(), reason="no C compiler for the native kernel")
@@ -44,3 +45,26 @@ def test_extreme_codes_do_not_overflow():
     y = w8_gemv.run_codes(x, torch.ones(1), st)
     expect = torch.tensor([4096 * 128 * 128] * 4 + [-4096 * 127 * 128] * 4, dtype=torch.float32)
     assert torch.equal(y[0], expect)
+
+
+def test_codes_that_a_cast_or_the_row_sum_would_wrap_are_refused():
+    """run_codes cast any codes to int16 (int32 40000 wrapped, float 0.7 became 0); the one int32 sum
+    per row wraps past MAX_CODES_IN inputs of INT8 codes (from 1024 with the int16 codes once
+    documented): refused, and exact at the largest width allowed."""
+    st = w8_gemv.prepare(torch.full((4, 64), 127, dtype=torch.int8), torch.ones(4))
+    for codes in (torch.full((1, 64), 40000, dtype=torch.int32), torch.full((1, 64), 0.7),
+                  torch.ones(1, 64, dtype=torch.uint8)):
+        with pytest.raises(ValueError, match="int8"):
+            w8_gemv.run_codes(codes, torch.ones(1), st)
+    n = w8_gemv.MAX_CODES_IN // 32 * 32
+    wide = w8_gemv.prepare(torch.full((4, n + 32), -128, dtype=torch.int8), torch.ones(4))
+    codes = torch.full((1, n + 32), -128, dtype=torch.int16)
+    with pytest.raises(KernelError, match="overflow"):
+        w8_gemv.run_int16_codes(codes, torch.ones(1), wide)
+    with pytest.raises(KernelError, match="overflow"):
+        w8_gemv.run_codes(codes.to(torch.int8), torch.ones(1), wide)
+    with pytest.raises(KernelError, match="overflow"):
+        w8_gemv.quantize_and_run(torch.randn(1, n + 32), wide, 8, 1.0)
+    widest = w8_gemv.prepare(torch.full((4, n), -128, dtype=torch.int8), torch.ones(4))
+    y = w8_gemv.run_int16_codes(codes[:, :n], torch.ones(1), widest)
+    assert torch.equal(y, torch.full((1, 4), float(n * 128 * 128)))
