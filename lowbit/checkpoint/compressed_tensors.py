@@ -4,6 +4,11 @@ modules: INT weights in ``pack-quantized`` (int32 words) or ``int-quantized`` / 
 with a zero point, weight-only or with dynamic per-token / per-group INT activations. Each targeted ``nn.Linear`` becomes a
 :class:`QuantLinear` holding the same codes; anything else in the config is refused by name.
 
+A config that contradicts its tensors is refused, never read as another model: each quantized
+layer's tensors must have exactly the dtypes and shapes its bits, group, symmetry, weight_shape and
+bias give, with nothing left over; only the files the model names (its index, else
+``model.safetensors``) are read.
+
 Scales are stored FP16 in lowbit; bf16 and fp16 scales convert exactly, wider ones are rounded
 (with a warning that gives the largest relative change).
 """
@@ -20,7 +25,7 @@ from torch import nn
 
 from lowbit.formats.int32_words import unpack_int32
 from lowbit.formats.grid import Grid
-from lowbit.formats.scheme import ActArgs, Scheme, WeightArgs
+from lowbit.formats.scheme import ActArgs, Scheme, SchemeError, WeightArgs
 from lowbit.formats.quantized_weight import QuantizedWeight
 
 from lowbit.errors import CheckpointError
@@ -71,8 +76,13 @@ def _check_scheme(name: str, g: dict, fmt: str) -> None:
         bad.append(f"weights {w!r} (lowbit reads INT weights of 2-6 or 8 bits)")
     elif w.get("strategy") not in ("group", "channel"):
         bad.append(f"weights.strategy={w.get('strategy')!r} (lowbit reads group and channel)")
+    elif w["strategy"] == "group" and not (_is_int(w.get("group_size")) and w["group_size"] > 0):
+        bad.append(f"weights.group_size={w.get('group_size')!r} (strategy group needs a positive integer)")
+    if w and not isinstance(w.get("symmetric", True), bool):
+        bad.append(f"weights.symmetric={w.get('symmetric')!r} (true or false)")
     if a is not None:
-        if a.get("type") != "int" or not a.get("dynamic") or a.get("strategy") not in ("token", "group"):
+        if a.get("type") != "int" or not a.get("dynamic") or a.get("strategy") not in ("token", "group") \
+                or not _is_int(a.get("num_bits")) or not isinstance(a.get("symmetric", True), bool):
             bad.append(f"input_activations {a!r} (lowbit runs dynamic per-token or per-group INT activations)")
     if g.get("output_activations") is not None:
         bad.append("output_activations")
@@ -109,29 +119,77 @@ def _bad(name: str, what: str):
     raise CheckpointError(f"{name}: {what}")
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _check_layer_tensors(name: str, t: dict[str, torch.Tensor], w: dict, fmt: str, shape: tuple[int, int],
+                         has_bias: bool) -> None:
+    """Every tensor stored under a quantized layer, in the exact dtype and shape that its config
+    (bits, group, symmetry) and its module (``shape``, bias) give it: a config that contradicts its
+    tensors would otherwise be read as another model, and a tensor left over would be dropped."""
+    out, n = shape
+    bits, sym, group = w["num_bits"], w.get("symmetric", True), w["group_size"] if w["strategy"] == "group" else 0
+    if group and n % group:
+        _bad(name, f"groups of {group} do not cover its {n} input columns")
+    ng, per = (n // group if group else 1), 32 // bits
+    if fmt == "pack-quantized":
+        main, zp = ("weight_packed", (torch.int32,), (out, -(-n // per))), ((torch.int32,), (-(-out // per), ng))
+    else:
+        main, zp = ("weight", (torch.int8,), (out, n)), ((torch.int8,), (out, ng))
+    want = {main[0]: main[1:], "weight_scale": (FLOATS, (out, ng)), "weight_zero_point": zp,
+            "weight_g_idx": ((torch.int32, torch.int64), (n,)), "weight_shape": ((torch.int32, torch.int64), (2,))}
+    if has_bias:
+        want["bias"] = (FLOATS, (out,))
+    where = f"{fmt} {'symmetric' if sym else 'asymmetric'} INT{bits}, {f'groups of {group}' if group else 'per channel'}"
+    extra = sorted(set(t) - set(want))
+    if extra:
+        _bad(name, f"tensor(s) {extra} are not part of a {where} layer{'' if has_bias else ' without a bias'}")
+    needed = {main[0], "weight_scale"} | ({"bias"} if has_bias else set()) | (set() if sym else {"weight_zero_point"})
+    missing = sorted(needed - set(t))
+    if missing:
+        _bad(name, f"tensor(s) {missing} missing ({where})")
+    for k, v in t.items():
+        dtypes, shp = want[k]
+        if v.dtype not in dtypes or tuple(v.shape) != shp:
+            _bad(name, f"{k} is {v.dtype} {list(v.shape)}, a {out}x{n} {where} layer stores "
+                       f"{' or '.join(map(str, dtypes))} {list(shp)}")
+    if "weight_shape" in t and t["weight_shape"].tolist() != [out, n]:
+        _bad(name, f"weight_shape is {t['weight_shape'].tolist()}, the model's layer is [{out}, {n}]")
+    offset = 2 ** (bits - 1)
+    for k in ("weight", "weight_zero_point") if fmt != "pack-quantized" else ():
+        if k in t and t[k].numel() and not (-offset <= int(t[k].min()) and int(t[k].max()) < offset):
+            _bad(name, f"{k} holds values outside INT{bits}'s [{-offset}, {offset - 1}]")
+
+
+def _zero_points(z: torch.Tensor, bits: int, fmt: str, out: int) -> torch.Tensor:
+    """lowbit's unsigned zero points (signed zero is ``2**(bits-1)``), ``[out, groups]``."""
+    if fmt == "pack-quantized":
+        return unpack_int32(z, bits, out, dim=0).to(torch.int32)
+    return z.to(torch.int32) + 2 ** (bits - 1)
+
+
 def _quantized_weight(name: str, t: dict[str, torch.Tensor], w: dict, fmt: str,
                       shape: tuple[int, int]) -> tuple[QuantizedWeight, torch.Tensor | None]:
-    bits, sym = w["num_bits"], bool(w.get("symmetric", True))
+    bits, sym = w["num_bits"], w.get("symmetric", True)
     out, n = shape
     offset = 2 ** (bits - 1)
     if fmt == "pack-quantized":
         codes = unpack_int32(t["weight_packed"], bits, n)
     else:
         codes = (t["weight"].to(torch.int16) + offset).to(torch.uint8)
-    scale = _fp16_scale(name, t["weight_scale"].reshape(out, -1))
-    group = w.get("group_size") or 0 if w["strategy"] == "group" else 0
-    if group and scale.shape[1] * group != n:
-        raise CheckpointError(f"{name}: {scale.shape[1]} scales of groups of {group} do not cover {n} columns")
+    scale = _fp16_scale(name, t["weight_scale"])
+    group = w["group_size"] if w["strategy"] == "group" else 0
     zero = None
-    if not sym:
-        z = t.get("weight_zero_point")
-        if z is None:
-            raise CheckpointError(f"{name}: asymmetric weights without weight_zero_point")
-        if fmt == "pack-quantized":
-            z = unpack_int32(z, bits, out, dim=0)
-        else:
-            z = (z.reshape(out, -1).to(torch.int16) + offset).to(torch.uint8)
-        zero = z.reshape(out, -1).to(torch.int32)
+    if "weight_zero_point" in t:
+        zero = _zero_points(t["weight_zero_point"], bits, fmt, out)
+        if sym:  # some writers store zeros for symmetric weights; anything else is another model
+            if not bool((zero == offset).all()):
+                _bad(name, "the config says symmetric weights, but weight_zero_point holds nonzero zero points")
+            zero = None
     perm = _group_order(name, t.get("weight_g_idx"), n, group)
     if perm is not None:
         codes = codes[:, perm]  # groups contiguous; the layer permutes its input the same way
@@ -147,15 +205,44 @@ def _act_args(a: dict | None) -> ActArgs | None:
                    symmetric=sym, scale_rule="compressed-tensors" if sym else "signed")
 
 
+INDEX_NAME = "model.safetensors.index.json"
+
+
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of the files the model names (its index's shards, else ``model.safetensors``),
+    as transformers and vLLM read them: never a stray ``*.safetensors`` beside them (a backup would
+    replace tensors), and a tensor stored twice or outside the shard its index names is refused."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{path} has no .safetensors files")
+    index = path / INDEX_NAME
+    where = None
+    if index.is_file():
+        try:
+            where = json.loads(index.read_text())["weight_map"]
+            files = sorted(set(where.values()))
+            if not files or not all(isinstance(f, str) and f and "/" not in f and "\\" not in f for f in files):
+                raise ValueError(f"shard names {files[:5]}")
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{index} is corrupt: {e}") from e
+    elif (path / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise CheckpointError(f"{path} has neither model.safetensors nor {INDEX_NAME}")
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        state.update(load_file(str(f)))
+        try:
+            part = load_file(str(path / f))
+        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+            raise CheckpointError(f"{path / f} is missing, truncated or corrupt: {' '.join(str(e).split())[:300]}") from e
+        for k in part:
+            if k in state:
+                raise CheckpointError(f"{path}: tensor {k} is stored twice (in {f} and another shard)")
+            if where is not None and where.get(k) != f:
+                raise CheckpointError(f"{path}: tensor {k} is in {f}, but {INDEX_NAME} puts it in {where.get(k)!r}")
+        state.update(part)
+    if where is not None and set(where) - set(state):
+        raise CheckpointError(f"{path}: {INDEX_NAME} lists tensors no shard holds: {sorted(set(where) - set(state))[:5]}")
     return state
 
 
@@ -194,20 +281,25 @@ def load_compressed_tensors(path: str | Path, device: str = "cpu"):
         local = {k[len(name) + 1:]: v for k, v in state.items() if k.startswith(name + ".")}
         for k in list(local):
             state.pop(f"{name}.{k}")
-        try:
-            qw, perm = _quantized_weight(name, local, g["weights"], fmt, (lin.out_features, lin.in_features))
-        except KeyError as e:
-            raise CheckpointError(f"{name}: tensor {e} is missing for format {fmt!r}") from e
+        shape = (lin.out_features, lin.in_features)
+        _check_layer_tensors(name, local, g["weights"], fmt, shape, lin.bias is not None)
+        qw, perm = _quantized_weight(name, local, g["weights"], fmt, shape)
         bias = local.get("bias")
-        new = QuantLinear.from_quantized(qw, _act_args(g.get("input_activations")), perm,
-                                         bias.float() if bias is not None else None, "int8")
+        try:
+            act = _act_args(g.get("input_activations"))
+        except SchemeError as e:
+            raise CheckpointError(f"{name}: compressed-tensors input_activations not supported by lowbit: {e}") from e
+        new = QuantLinear.from_quantized(qw, act, perm, bias.float() if bias is not None else None, "int8")
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, new)
         if name != "lm_head" and decoder_scheme is None:
             decoder_scheme = g
     if "lm_head" in picked and getattr(config, "tie_word_embeddings", False):
         raise CheckpointError(f"{path}: a quantized lm_head with tie_word_embeddings is not supported")
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # a float tensor of another shape than the model's
+        raise CheckpointError(f"{path}: tensors do not fit the model: {' '.join(str(e).split())[:300]}") from e
     missing = [k for k in missing if not any(k.startswith(n + ".") for n in picked)
                and not (k == "lm_head.weight" and getattr(config, "tie_word_embeddings", False))]
     if missing or unexpected:
@@ -227,7 +319,7 @@ def _lowbit_scheme(g: dict | None, head: dict | None, fmt: str | None) -> Scheme
             return WeightArgs()
         w = d["weights"]
         return WeightArgs(bits=w["num_bits"], group_size=(w.get("group_size") or 0) if w["strategy"] == "group" else 0,
-                          symmetric=bool(w.get("symmetric", True)))
+                          symmetric=w.get("symmetric", True))
     act = _act_args(g.get("input_activations")) if g else None
     return Scheme(name=f"compressed-tensors:{fmt}", weights=wargs(g), activations=act or ActArgs(),
                   lm_head=wargs(head))

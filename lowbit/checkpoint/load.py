@@ -29,9 +29,15 @@ def skeleton(ck: OpenedCheckpoint) -> nn.Module:
     return model
 
 
+# a model quantized in half precision saves its float parts so; they load exactly into float32
+WIDENS = (torch.float16, torch.bfloat16)
+
+
 def _fill(model: nn.Module, ck: OpenedCheckpoint) -> None:
-    """Read every tensor the model stores, in the dtype its module holds it (as ``load_state_dict``
-    copies), and put it in place; the file must hold exactly the model's tensors."""
+    """Read every tensor the model stores and put it in place; the file must hold exactly the
+    model's tensors, each in its module's dtype (half-precision float parts widen to float32):
+    a cast of codes, scales or permutations would be another model, even with ``trust_edits``,
+    which waives the hashes, not the structure."""
     wanted = model.state_dict(keep_vars=True)
     stored = set(ck.tensors.names())
     tied = getattr(ck.config, "tie_word_embeddings", False)
@@ -42,7 +48,10 @@ def _fill(model: nn.Module, ck: OpenedCheckpoint) -> None:
     state = {}
     for name, t in wanted.items():
         if name in stored:
-            state[name] = ck.tensors.full(name).to(t.dtype)
+            v = ck.tensors.full(name)
+            if v.dtype != t.dtype and not (t.dtype == torch.float32 and v.dtype in WIDENS):
+                raise CheckpointError(f"{ck.tensors.file}: {name} is stored as {v.dtype}, its layout needs {t.dtype}")
+            state[name] = v.to(t.dtype)
     try:
         model.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as e:  # a tensor of another shape than its layout says

@@ -2,8 +2,8 @@
 :mod:`.load`; one tensor-parallel rank: :mod:`lowbit.parallel.shard_quantized`): ``model.safetensors`` (packed codes, scales, permutations,
 float embeddings/norms; its header carries the lowbit marker and the config's hash),
 ``config.json`` (the base model's config), ``lowbit_config.json`` (format version, scheme, module
-layout, the files written, size and SHA-256 of the tensors file) and the tokenizer. Every load
-checks both hashes, so damaged or hand-edited files never load silently (see ``integrity``);
+layout, the files written and their SHA-256, size and SHA-256 of the tensors file) and the
+tokenizer. Every load checks the hashes, so damaged or hand-edited files never load silently (see ``integrity``);
 the tensors are then read one by one, so no loader holds the file and the model at once."""
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ FORMAT_VERSION = 2
 UNHASHED_VERSIONS = (1,)  # written before the config hash existed: loadable only when trusted
 CONFIG_NAME = "lowbit_config.json"
 WEIGHTS_NAME = "model.safetensors"
+FILES_HASH_KEY = "file_sha256"  # {name: SHA-256} of each file saved beside the tensors (config.json, tokenizer)
 TRUST_HINT = f"set {TRUST_ENV}=1 (or pass trust_edits=True) to load it unverified"
 
 
@@ -60,10 +61,11 @@ def read_meta(path: str | os.PathLike) -> dict:
 def checked_weights_file(path: str | os.PathLike, meta: dict, sha256: bool = True, trust_edits: bool | None = None) -> Path:
     """The tensors file of a checkpoint, after checking that it is lowbit's, that the config and
     the tensors are those recorded with each other (the tensors' full SHA-256 only if ``sha256``);
-    a clear :class:`CheckpointError` otherwise. ``trust_edits`` skips the recorded sizes and hashes."""
+    a clear :class:`CheckpointError` otherwise, and that the files saved beside them (config.json,
+    tokenizer) are unedited. ``trust_edits`` skips the recorded sizes and hashes."""
     trust = trusting(trust_edits)
     want = meta.get("weights") if isinstance(meta.get("weights"), dict) else {}
-    wpath = Path(path) / want.get("file", WEIGHTS_NAME)
+    wpath = Path(path) / _plain_name(want.get("file", WEIGHTS_NAME), path, "weights.file")
     if not wpath.is_file():
         raise CheckpointError(f"{wpath} is missing")
     header = tensors_metadata(wpath)
@@ -87,7 +89,34 @@ def checked_weights_file(path: str | os.PathLike, meta: dict, sha256: bool = Tru
                               f"{wpath.name}); {TRUST_HINT}")
     if sha256 and sha256_file(wpath) != want["sha256"]:
         raise CheckpointError(f"{wpath} is corrupt: its SHA-256 does not match {CONFIG_NAME}; {TRUST_HINT}")
+    _check_side_files(Path(path), meta)
     return wpath
+
+
+def _plain_name(name, path, field: str) -> str:
+    """A file name inside the checkpoint folder: ``weights.file`` is outside the config's hash, so
+    it must not point elsewhere (another folder, an absolute path) or be no name at all."""
+    if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise CheckpointError(f"{Path(path) / CONFIG_NAME}: {field} must be a file name in the checkpoint folder, "
+                              f"got {name!r}")
+    return name
+
+
+def _check_side_files(path: Path, meta: dict) -> None:
+    """The files saved beside the tensors (config.json, tokenizer) must be those whose SHA-256 the
+    (already verified) config records: an edited rope_theta or norm epsilon changes the model as
+    much as an edited tensor. A checkpoint saved before these hashes existed records none."""
+    recorded = meta.get(FILES_HASH_KEY)
+    if recorded is None:
+        return
+    if not isinstance(recorded, dict):
+        raise CheckpointError(f"{path / CONFIG_NAME}: {FILES_HASH_KEY} must be an object, got {type(recorded).__name__}")
+    for name, digest in recorded.items():
+        f = path / _plain_name(name, path, f"{FILES_HASH_KEY} entry")
+        if not f.is_file():
+            raise CheckpointError(f"{f} is missing (the checkpoint records its SHA-256)")
+        if sha256_file(f) != digest:
+            raise CheckpointError(f"{f} was edited after saving (its SHA-256 does not match {CONFIG_NAME}); {TRUST_HINT}")
 
 
 def open_checkpoint(path: str | os.PathLike, sha256: bool = True, trust_edits: bool | None = None) -> tuple[dict, Scheme, Path]:

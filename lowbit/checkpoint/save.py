@@ -17,7 +17,8 @@ from torch import nn
 from lowbit.errors import UsageError
 from lowbit.formats.scheme import Scheme
 
-from lowbit.checkpoint.opener import CONFIG_NAME, FORMAT_VERSION, WEIGHTS_NAME, is_quantized_dir
+from lowbit.checkpoint.opener import CONFIG_NAME, FILES_HASH_KEY, FORMAT_VERSION, WEIGHTS_NAME, is_quantized_dir
+from lowbit.io.atomic import fsync_tree
 from lowbit.io.integrity import CONFIG_HASH_KEY, MARKER, config_digest, sha256_file
 from lowbit.checkpoint.layout import describe
 from lowbit.io.outputs import OutputPathError, check_output_dir
@@ -71,21 +72,6 @@ def _tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().contiguous().cpu() for k, v in state.items()}
 
 
-def _fsync_tree(folder: Path) -> None:
-    """Flush every file and the folder itself, so the swap never publishes unwritten data."""
-    for p in folder.iterdir():
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write(model: nn.Module, scheme: Scheme, folder: Path, tokenizer, extra: dict | None) -> None:
     from safetensors.torch import save_file
 
@@ -93,8 +79,12 @@ def _write(model: nn.Module, scheme: Scheme, folder: Path, tokenizer, extra: dic
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
     names = sorted({p.name for p in folder.iterdir()} | {WEIGHTS_NAME, CONFIG_NAME})
+    # config.json and the tokenizer shape the model as much as the tensors do: their hashes go in the
+    # part of the config that the tensors' header hashes, so an edit of any of them is caught on load
+    side = {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()}
     meta = json.loads(json.dumps({"format_version": FORMAT_VERSION, "scheme": scheme.to_dict(),
-                                  "layout": describe(model), "files": names, "extra": extra or {}}, default=float))
+                                  "layout": describe(model), "files": names, FILES_HASH_KEY: side,
+                                  "extra": extra or {}}, default=float))
     header = {"format": MARKER, "format_version": str(FORMAT_VERSION), CONFIG_HASH_KEY: config_digest(meta)}
     save_file(_tensors(model), str(folder / WEIGHTS_NAME), metadata=header)
     meta["weights"] = {"file": WEIGHTS_NAME, "bytes": (folder / WEIGHTS_NAME).stat().st_size,
@@ -128,7 +118,7 @@ def save_quantized(model: nn.Module, out_dir: str | os.PathLike, tokenizer=None,
     tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(), dir=out.parent))
     try:
         _write(model, scheme, tmp, tokenizer, extra)
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
         publish_dir(tmp, out)
     finally:
         if tmp.exists():

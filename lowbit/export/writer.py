@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from lowbit.io.atomic import fsync_tree
 from lowbit.nn.experts import UnfusedExperts
 from lowbit.nn.permuted_norm import PermutedNorm
 from lowbit.nn.quant_linear import QuantLinear
@@ -154,6 +155,7 @@ def export_compressed_tensors(model: nn.Module, out_dir: str | os.PathLike, toke
         for f in tmp.iterdir():
             os.chmod(f, 0o644)  # safetensors writes 0600; an exported model is for other users and servers
         os.chmod(tmp, 0o755)
+        fsync_tree(tmp)  # as a checkpoint save does: the rename must not publish unwritten data
         if out.exists():
             out.rmdir()  # empty, checked above
         os.replace(tmp, out)

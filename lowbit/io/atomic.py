@@ -56,3 +56,15 @@ def append_line(path: str | os.PathLike, line: str) -> None:
     if old and not old.endswith("\n"):
         old += "\n"
     write_text(path, old + line + "\n")
+
+
+def fsync_tree(folder: str | os.PathLike) -> None:
+    """Flush every file in ``folder`` and the folder itself, so a rename that publishes it never
+    publishes unwritten data (a crash after the rename would leave empty or torn files)."""
+    folder = Path(folder)
+    for p in [*folder.iterdir(), folder]:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

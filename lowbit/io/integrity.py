@@ -1,6 +1,7 @@
 """Hashes that tie a checkpoint's two halves together, so an edit of either is caught on load.
 
-``lowbit_config.json`` records the SHA-256 of ``model.safetensors``; the safetensors header
+``lowbit_config.json`` records the SHA-256 of ``model.safetensors`` (and, inside the part the
+header hashes, of ``config.json`` and the tokenizer's files); the safetensors header
 records ``"format": "lowbit"`` (the marker that tells a lowbit checkpoint from a plain Hugging
 Face one) and the SHA-256 of the config's canonical content without its ``weights`` entry. Hand-
 edited files load only with ``trust_edits=True`` or ``LOWBIT_TRUST_EDITED_CHECKPOINT=1``.

@@ -105,8 +105,9 @@ def load_tp_quantized_shard(path: str | Path, rank: int, world: int, reduce: Cal
     """This rank's shard of the lowbit checkpoint ``path`` (see :func:`lowbit.parallel.shard.load_tp_shard`)."""
     from lowbit.nn.kv_cache import install_scheme_kv_cache
 
-    # every rank reads only its slices: the config's hash and the size are checked, not the tensors' full hash
-    ck = open_folder(path, sha256=False)
+    # every rank checks the tensors' full hash (one read of the file): a flipped byte in a rank's
+    # slice would otherwise load a wrong model silently
+    ck = open_folder(path)
     scheme, config, reader, layout = ck.scheme, ck.config, ck.tensors, ck.layout
     require_world(path, scheme.tensor_parallel.world, world)
     plan = make_plan(config, world)

@@ -121,13 +121,16 @@ def plan_from_meta(meta: dict) -> Plan:
         scheme = Scheme.from_dict(meta["scheme"])
     except (SchemeError, TypeError) as e:
         raise PluginError(f"lowbit_config.json: bad scheme: {e}") from e
-    layout = meta.get("layout", {})
+    layout = _checked_layout(meta.get("layout", {}), scheme)
     row_sharded = {}
     for name, d in (layout.get("row_sharded") or {}).items():
         splits = d.get("splits") if isinstance(d, dict) else None
         if not isinstance(splits, list) or len(splits) != scheme.tensor_parallel.world:
             raise PluginError(f"lowbit_config.json: {name} is cut into {splits!r} input slices, the scheme says "
                               f"{scheme.tensor_parallel.world} ranks")
+        if not all(_is_int(x) and x > 0 for x in splits):
+            raise PluginError(f"lowbit_config.json: layout.row_sharded.{name}.splits must be positive integers, "
+                              f"got {splits!r}")
         if d.get("has_bias"):
             raise PluginError(f"{name}: a row-sharded linear with a bias; the plugin serves row-parallel linears "
                               "without one (llama / mistral / qwen2 / qwen3 have none)")
@@ -155,6 +158,39 @@ def plan_from_meta(meta: dict) -> Plan:
                 raise PluginError(f"{name}: part {r} of its {len(splits)} input slices is missing or not "
                                   f"{width} channels wide")
     return Plan(scheme, linears, norms, row_sharded)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _checked_layout(layout, scheme: Scheme) -> dict:
+    """``layout`` with the types the plan reads (vLLM calls the plan before the checkpoint's hashes
+    are checked, so a malformed file must be a :class:`PluginError` naming the field, not a crash),
+    and consistent with ``scheme`` as lowbit's loader requires (:func:`check_layout`)."""
+    from lowbit.checkpoint.layout import check_layout
+
+    def need(ok: bool, field: str, what: str, got) -> None:
+        if not ok:
+            raise PluginError(f"lowbit_config.json: {field} must be {what}, got {got!r}"[:300])
+
+    need(isinstance(layout, dict), "layout", "an object", layout)
+    for key in ("quant_linears", "row_sharded"):
+        need(isinstance(layout.get(key, {}), dict), f"layout.{key}", "an object", layout.get(key))
+    norms = layout.get("permuted_norms", [])
+    need(isinstance(norms, list) and all(isinstance(n, str) for n in norms), "layout.permuted_norms",
+         "a list of module names", norms)
+    for name, d in layout.get("quant_linears", {}).items():
+        need(isinstance(d, dict), f"layout.quant_linears.{name}", "an object", d)
+        act = d.get("act")
+        need(act is None or isinstance(act, dict), f"layout.quant_linears.{name}.act", "an object or null", act)
+        if act is not None:
+            need(_is_int(act.get("bits")), f"layout.quant_linears.{name}.act.bits", "an integer", act.get("bits"))
+    try:
+        check_layout(layout, scheme)
+    except (ValueError, TypeError, AttributeError) as e:
+        raise PluginError(f"lowbit_config.json: {e}") from e
+    return layout
 
 
 def check_runnable(name: str, lay: QuantLinearLayout) -> str:

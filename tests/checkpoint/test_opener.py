@@ -71,3 +71,43 @@ def test_a_missing_base_config_is_named(saved, tmp_path):
     assert meta["files"]  # the lowbit config itself is intact: only the base config is gone
     with pytest.raises(CheckpointError, match="config.json"):
         load_quantized(d)
+
+
+def _retype(d, name, dtype):
+    """Rewrite the header's dtype of tensor ``name`` (same byte size): what a hand edit could do."""
+    import struct
+
+    f = d / WEIGHTS_NAME
+    b = f.read_bytes()
+    n = struct.unpack("<Q", b[:8])[0]
+    header = json.loads(b[8:8 + n])
+    header[name]["dtype"] = dtype
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    f.write_bytes(struct.pack("<Q", len(h)) + h + b[8 + n:])
+
+
+@pytest.mark.parametrize("name,dtype", [("model.layers.0.self_attn.q_proj.wscale", "BF16"),
+                                        ("model.layers.0.self_attn.q_proj.qweight", "I8"),
+                                        ("model.layers.0.input_layernorm.perm", "F64")])
+def test_trusted_edits_never_cast_a_tensor_to_its_layouts_dtype(saved, tmp_path, name, dtype):
+    """Trusting edits waives the hashes, not the structure: a cast would load another model."""
+    d = tmp_path / "retyped"
+    shutil.copytree(saved[0], d)
+    _retype(d, name, dtype)
+    with pytest.raises(CheckpointError, match=f"{name} is stored as torch.*its layout needs"):
+        load_quantized(d, trust_edits=True)
+
+
+def test_half_precision_float_parts_load_into_float32(tmp_path):
+    """A model quantized in bfloat16 saves its embeddings and norms so; they widen exactly."""
+    from lowbit.checkpoint import save_quantized
+    from lowbit.quantize import get_scheme, quantize_model
+    from tests.tiny_models import tiny_model
+
+    model = tiny_model("llama").to(torch.bfloat16)
+    quantize_model(model, get_scheme("w4a16"), IDS, progress=False)
+    save_quantized(model, tmp_path / "q")
+    again, _ = load_quantized(tmp_path / "q")
+    assert again.model.embed_tokens.weight.dtype == torch.float32
+    assert torch.equal(again.model.embed_tokens.weight, model.model.embed_tokens.weight.float())

@@ -114,3 +114,77 @@ def test_format_1_checkpoint_needs_trust(saved, tmp_path):
     with pytest.raises(CheckpointError, match="format 1 records no hash"):
         load_quantized(d)
     assert load_quantized(d, trust_edits=True)[0].lowbit_scheme.name == "w4a4"
+
+
+class _Tokenizer:
+    """Stands in for a tokenizer: save_pretrained writes one file beside the tensors."""
+
+    def save_pretrained(self, folder):
+        (folder / "special_tokens_map.json").write_text('{"bos_token": "<s>"}')
+
+
+def test_edited_base_config_or_tokenizer_is_detected(tmp_path):
+    from lowbit.checkpoint import save_quantized
+    from lowbit.quantize import get_scheme, quantize_model
+
+    model = tiny_model("llama")
+    quantize_model(model, get_scheme("w4a16"), IDS, progress=False)
+    save_quantized(model, tmp_path / "q", tokenizer=_Tokenizer())
+    with torch.no_grad():
+        logits = model(IDS).logits
+    meta = json.loads((tmp_path / "q" / CONFIG_NAME).read_text())
+    assert set(meta["file_sha256"]) == {"config.json", "special_tokens_map.json"}
+    edits = {"config.json": lambda c: c.update(rms_norm_eps=0.5),  # loaded silently with other logits before
+             "special_tokens_map.json": lambda c: c.update(bos_token="<x>")}
+    for name, edit in edits.items():
+        d = _copy(tmp_path / "q", tmp_path / f"edit-{name}")
+        c = json.loads((d / name).read_text())
+        edit(c)
+        (d / name).write_text(json.dumps(c))
+        with pytest.raises(CheckpointError, match=f"{name} was edited after saving"):
+            load_quantized(d)
+        load_quantized(d, trust_edits=True)  # trusting edits waives these hashes as the others
+    d = _copy(tmp_path / "q", tmp_path / "gone")
+    (d / "special_tokens_map.json").unlink()
+    with pytest.raises(CheckpointError, match="special_tokens_map.json is missing"):
+        load_quantized(d)
+    d = _copy(tmp_path / "q", tmp_path / "hashes")  # the hashes are under the header's hash of the config
+    _edit_config(d, lambda m: m["file_sha256"].update({"config.json": "0" * 64}))
+    with pytest.raises(CheckpointError, match="edited after saving"):
+        load_quantized(d)
+    model, _ = load_quantized(tmp_path / "q")
+    with torch.no_grad():
+        assert torch.equal(model(IDS).logits, logits)
+
+
+def test_checkpoint_of_the_previous_version_without_file_hashes_loads(saved, tmp_path):
+    """Saved before the file hashes existed: nothing recorded, nothing to verify; the rest is."""
+    from safetensors.torch import load_file, save_file
+
+    from lowbit.io.integrity import CONFIG_HASH_KEY, config_digest, sha256_file
+
+    d = _copy(saved[0], tmp_path / "previous")
+    meta = json.loads((d / CONFIG_NAME).read_text())
+    del meta["file_sha256"]
+    f = d / WEIGHTS_NAME
+    save_file(load_file(str(f)), str(f), metadata={"format": "lowbit", "format_version": "2",
+                                                   CONFIG_HASH_KEY: config_digest(meta)})
+    meta["weights"].update(bytes=f.stat().st_size, sha256=sha256_file(f))
+    (d / CONFIG_NAME).write_text(json.dumps(meta))
+    model, _ = load_quantized(d)
+    with torch.no_grad():
+        assert torch.equal(model(IDS).logits, saved[1])
+    b = bytearray(f.read_bytes())
+    b[-10] ^= 0xFF
+    f.write_bytes(bytes(b))
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_quantized(d)
+
+
+@pytest.mark.parametrize("name", [5, None, "", "..", "../other/model.safetensors", "/abs/model.safetensors"])
+def test_weights_file_must_be_a_plain_name_even_when_trusted(saved, tmp_path, name):
+    d = _copy(saved[0], tmp_path / "wfile")
+    _edit_config(d, lambda m: m["weights"].update(file=name))
+    for trust in (None, True):
+        with pytest.raises(CheckpointError, match="weights.file must be a file name"):
+            load_quantized(d, trust_edits=trust)

@@ -92,6 +92,25 @@ def test_truncated_checkpoint_is_a_clear_error(quantized, tmp_path):
         load_tp_shard(tmp_path, 0, 2, lambda t: t)
 
 
+def test_a_flipped_byte_in_a_scale_is_caught_on_every_rank(quantized, tmp_path):
+    """Each rank reads only its slices, but checks the whole file's SHA-256 first."""
+    import json
+    import struct
+
+    folder = quantized[2][0]
+    for p in folder.iterdir():
+        (tmp_path / p.name).write_bytes(p.read_bytes())
+    f = tmp_path / "model.safetensors"
+    b = bytearray(f.read_bytes())
+    n = struct.unpack("<Q", b[:8])[0]
+    lo = json.loads(b[8:8 + n])["model.layers.0.self_attn.q_proj.wscale"]["data_offsets"][0]
+    b[8 + n + lo + 1] ^= 0x7C
+    f.write_bytes(bytes(b))
+    for rank in (0, 1):
+        with pytest.raises(CheckpointError, match="SHA-256 does not match"):
+            load_tp_shard(tmp_path, rank, 2, lambda t: t)
+
+
 # w4a4 and w4a16: a quantized (untied) LM head; w4a4 with lm_head.bits=16: the tied float head, re-tied
 @pytest.mark.parametrize("scheme", ["w4a4", "w4a16", "w4a4+float-head"])
 def test_float_model_checkpoint_for_one_rank_runs_at_tp1(tmp_path, scheme):

@@ -165,3 +165,29 @@ def test_vllm_is_imported_only_by_the_plugin_and_only_when_vllm_calls_it():
     top = [n for n in ast.parse((root / "vllm_plugin/__init__.py").read_text()).body
            if isinstance(n, (ast.Import, ast.ImportFrom))]
     assert not any("vllm" in (getattr(n, "module", "") or "") for n in top)  # inside register() only
+
+
+Q = "model.layers.0.self_attn.q_proj"
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda m: m.update(layout=[]), "layout must be an object"),
+    (lambda m: m["layout"].update(quant_linears=[]), "layout.quant_linears must be an object"),
+    (lambda m: m["layout"]["quant_linears"].update({Q: 4}), f"layout.quant_linears.{Q} must be an object"),
+    (lambda m: m["layout"]["quant_linears"][Q].update(act={"format": "int"}), f"{Q}.act.bits must be an integer"),
+    (lambda m: m["layout"]["quant_linears"][Q].update(act=[4]), f"{Q}.act must be an object"),
+    (lambda m: m["layout"].update(row_sharded=[1]), "layout.row_sharded must be an object"),
+    (lambda m: m["layout"].update(row_sharded={"model.layers.0.self_attn.o_proj": {"splits": ["a"]}}),
+     "o_proj.splits must be positive integers"),
+    (lambda m: m["layout"].update(permuted_norms="model.layers.0.input_layernorm"), "permuted_norms must be a list"),
+    (lambda m: m["layout"].update(bogus=1), "unknown layout key"),
+    (lambda m: m["scheme"]["weights"].update(bits=8), "is stored as .*w_bits': 4.* but the scheme"),
+    (lambda m: m["layout"]["quant_linears"][Q].update(w_bits="4"), "is stored as .*w_bits': '4'"),
+])
+def test_malformed_or_inconsistent_layouts_are_plugin_errors_naming_the_field(w4a4, edit, match):
+    """vLLM plans before the checkpoint's hashes are checked: a malformed file must be refused by
+    name, never crash with AttributeError / KeyError / ValueError, and a layout must fit its scheme."""
+    bad = json.loads(json.dumps(w4a4))
+    edit(bad)
+    with pytest.raises(PluginError, match=match):
+        plan_from_meta(bad)
