@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from lowbit.io.atomic import fsync_tree
+from lowbit.io.swap import fsync_dir
 from lowbit.nn.experts import UnfusedExperts
 from lowbit.nn.permuted_norm import PermutedNorm
 from lowbit.nn.quant_linear import QuantLinear
@@ -159,6 +160,7 @@ def export_compressed_tensors(model: nn.Module, out_dir: str | os.PathLike, toke
         if out.exists():
             out.rmdir()  # empty, checked above
         os.replace(tmp, out)
+        fsync_dir(out.parent)  # the rename itself, durable
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

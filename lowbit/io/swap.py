@@ -44,21 +44,37 @@ def _exchange(a: Path, b: Path) -> bool:
 
 def publish_dir(new: Path, target: Path) -> None:
     """Make the finished folder ``new`` appear at ``target``; an existing ``target`` is deleted
-    only after the new one is in place, and is back in place if anything fails before that."""
+    only after the new one is in place, and is back in place if anything fails before that. The
+    parent folder is flushed after the rename, so the rename itself survives a power loss."""
     if not target.exists():
         os.replace(new, target)
-        return
-    if _exchange(new, target):
+    elif _exchange(new, target):
         shutil.rmtree(new)  # now holds the old folder
-        return
-    old = target.parent / f"{temp_prefix('old')}{target.name}"
-    os.rename(target, old)
+    else:
+        old = target.parent / f"{temp_prefix('old')}{target.name}"
+        os.rename(target, old)
+        try:
+            os.rename(new, target)
+        except BaseException:
+            os.rename(old, target)
+            raise
+        shutil.rmtree(old)
+    fsync_dir(target.parent)
+
+
+def fsync_dir(folder: Path) -> None:
+    """Flush a folder's entries (a rename is durable only once its folder is); a file system that
+    cannot fsync a folder is left as it is."""
     try:
-        os.rename(new, target)
-    except BaseException:
-        os.rename(old, target)
-        raise
-    shutil.rmtree(old)
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _pid_alive(pid: int) -> bool:

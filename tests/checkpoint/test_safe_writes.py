@@ -110,3 +110,16 @@ def test_working_directory_is_refused_before_anything_is_written(models, tmp_pat
     with pytest.raises(OutputPathError, match="working directory"):
         save_quantized(new, ".")
     assert _leftovers(tmp_path) == [] and load_quantized(out)[0].lowbit_scheme.name == "w8a8"
+
+
+def test_the_parent_folder_is_flushed_after_the_swap(models, tmp_path, monkeypatch):
+    """A rename is durable only once its folder is flushed: the save fsyncs the target's parent
+    after publishing, for a new target and for an overwrite alike."""
+    old, new = models
+    flushed = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (flushed.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))[1])
+    for model in (old, new):
+        flushed.clear()
+        out = save_quantized(model, tmp_path / "q")
+        assert flushed[-1] == str(tmp_path) and load_quantized(out)[0] is not None

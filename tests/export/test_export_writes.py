@@ -1,6 +1,6 @@
 """An export is published by renaming its temporary folder: every file in it (and the folder)
 is flushed first, as a checkpoint save does, so a crash never leaves a published folder with
-unwritten files."""
+unwritten files; the parent folder is flushed after the rename."""
 
 import os
 
@@ -24,4 +24,6 @@ def test_the_export_is_flushed_before_it_is_renamed_into_place(tmp_path, monkeyp
     tmp = next(p for kind, p in events if kind == "replace")
     flushed = {p for kind, p in events[:events.index(("replace", tmp))] if kind == "fsync"}
     assert {tmp, f"{tmp}/model.safetensors", f"{tmp}/config.json"} <= flushed
+    after = [p for kind, p in events[events.index(("replace", tmp)) + 1:] if kind == "fsync"]
+    assert str(tmp_path) in after  # the parent, so that the rename itself is durable
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
