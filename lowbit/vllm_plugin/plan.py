@@ -27,6 +27,7 @@ Hence: a ``--tp W`` checkpoint is served with ``tensor_parallel_size=W``, a one-
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from lowbit.errors import LowbitError
 from lowbit.formats.scheme import Scheme, SchemeError
@@ -217,6 +218,17 @@ def check_runnable(name: str, lay: QuantLinearLayout) -> str:
         return kind_of(lay.w_bits, act)
     except KernelError as e:
         raise PluginError(f"{name}: {e} (kernels: W4A16, W8A16, W8A8, W4A4)") from e
+
+
+def unverified_note(model_name: str) -> str | None:
+    """The warning for a model vLLM takes by hub id rather than a local folder: when vLLM asks the
+    plugin (``maybe_update_config``) it has fetched only the id's JSON files, so lowbit's hashes of
+    the tensors cannot be checked; None for a local folder, which is verified as lowbit's loader
+    verifies it."""
+    if Path(model_name).is_dir():
+        return None
+    return (f"lowbit plugin: {model_name!r} is not a local folder, so its checkpoint hashes are not checked "
+            "(vLLM has not fetched its tensors yet); serve a local copy to have them verified")
 
 
 def check_model_type(model_type: str | None) -> None:

@@ -18,7 +18,6 @@ this rank (its shard of q heads, KV heads, MLP rows or vocabulary), a row-parall
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,7 +37,8 @@ from lowbit.kernels.dispatch import prepare
 from lowbit.kernels.linear_params import from_quant_linear
 from lowbit.nn.quant_linear import QuantLinear, QuantLinearLayout
 from lowbit.vllm_plugin.input_steps import input_steps
-from lowbit.vllm_plugin.plan import NAME, Plan, PluginError, check_model_type, norm_renames, plan_from_meta
+from lowbit.vllm_plugin.plan import (NAME, Plan, PluginError, check_model_type, norm_renames, plan_from_meta,
+                                     unverified_note)
 
 log = init_logger("vllm.lowbit_plugin")  # under vLLM's logger, so its handlers print it
 _ANNOUNCED: set = set()  # (kind, kernel) pairs and "fold": what the log has said once
@@ -82,7 +82,10 @@ class LowbitConfig(QuantizationConfig):
         from lowbit.checkpoint.opener import open_checkpoint
         from lowbit.errors import CheckpointError
 
-        if Path(model_name).is_dir():
+        note = unverified_note(model_name)
+        if note:
+            log.warning(note)
+        else:
             try:
                 open_checkpoint(model_name)
             except CheckpointError as e:

@@ -10,7 +10,7 @@ import torch
 from lowbit.checkpoint import save_quantized
 from lowbit.formats.scheme import KVArgs, TPArgs
 from lowbit.quantize import get_scheme, quantize_model
-from lowbit.vllm_plugin.plan import PluginError, check_model_type, norm_renames, plan_from_meta
+from lowbit.vllm_plugin.plan import PluginError, check_model_type, norm_renames, plan_from_meta, unverified_note
 from tests.tiny_models import tiny_model
 
 IDS = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
@@ -191,3 +191,11 @@ def test_malformed_or_inconsistent_layouts_are_plugin_errors_naming_the_field(w4
     edit(bad)
     with pytest.raises(PluginError, match=match):
         plan_from_meta(bad)
+
+
+def test_a_hub_id_is_served_with_a_warning_that_its_hashes_are_not_checked(tmp_path):
+    """vLLM asks the plugin before it fetches a hub id's tensors, so only a local folder can be
+    verified there; a hub id gets the warning (logged by the plugin), never a silent pass."""
+    assert unverified_note(str(tmp_path)) is None
+    note = unverified_note("someone/smollm2-w4a4")
+    assert "not a local folder" in note and "someone/smollm2-w4a4" in note
