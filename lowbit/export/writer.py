@@ -18,8 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lowbit.io.atomic import fsync_tree
-from lowbit.io.swap import fsync_dir
+from lowbit.io.atomic import fsync_dir, fsync_tree
 from lowbit.nn.experts import UnfusedExperts
 from lowbit.nn.permuted_norm import PermutedNorm
 from lowbit.nn.quant_linear import QuantLinear

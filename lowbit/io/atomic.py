@@ -58,13 +58,26 @@ def append_line(path: str | os.PathLike, line: str) -> None:
     write_text(path, old + line + "\n")
 
 
+def _fsync(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_tree(folder: str | os.PathLike) -> None:
     """Flush every file in ``folder`` and the folder itself, so a rename that publishes it never
     publishes unwritten data (a crash after the rename would leave empty or torn files)."""
     folder = Path(folder)
     for p in [*folder.iterdir(), folder]:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(p)
+
+
+def fsync_dir(folder: str | os.PathLike) -> None:
+    """Flush a folder's entries (a rename is durable only once its folder is); a file system that
+    cannot fsync a folder is left as it is."""
+    try:
+        _fsync(folder)
+    except OSError:
+        pass

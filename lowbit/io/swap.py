@@ -16,6 +16,8 @@ import os
 import shutil
 from pathlib import Path
 
+from lowbit.io.atomic import fsync_dir
+
 TEMP_PREFIXES = (".tmp-lowbit-", ".old-lowbit-")
 _AT_FDCWD, _RENAME_EXCHANGE = -100, 2
 
@@ -60,21 +62,6 @@ def publish_dir(new: Path, target: Path) -> None:
             raise
         shutil.rmtree(old)
     fsync_dir(target.parent)
-
-
-def fsync_dir(folder: Path) -> None:
-    """Flush a folder's entries (a rename is durable only once its folder is); a file system that
-    cannot fsync a folder is left as it is."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -143,11 +143,11 @@ def run_codes(codes: torch.Tensor, scale: torch.Tensor, w: W4GemvPrepared, lib: 
     lib = _built(lib)
     require_state(w, W4GemvPrepared, "w4 native kernel")
     ng = w.scale.shape[1]
-    if codes.dim() != 2 or codes.shape[1] != w.n_in or codes.device.type != "cpu":
-        raise ValueError(f"w4 native kernel: codes must be CPU [tokens, {w.n_in}], got {tuple(codes.shape)}")
+    require_cpu("w4 native kernel", codes, scale)
+    if codes.dim() != 2 or codes.shape[1] != w.n_in:
+        raise ValueError(f"w4 native kernel: codes must be [tokens, {w.n_in}], got {tuple(codes.shape)}")
     if codes.dtype not in (torch.int8, torch.uint8, torch.int16):
         raise ValueError(f"w4 native kernel: codes must be int8, uint8 or int16, got {codes.dtype}")
-    require_cpu("w4 native kernel", scale)
     t, n = codes.shape
     if tuple(scale.shape) != (t, ng):
         raise ValueError(f"w4 native kernel: scale must be [{t}, {ng}] (tokens, groups), got {tuple(scale.shape)}")

@@ -90,14 +90,14 @@ def run_codes(codes: torch.Tensor, scale: torch.Tensor, w: W8GemvPrepared, lib: 
     truncate them."""
     lib = _built(lib)
     require_state(w, W8GemvPrepared, "w8 native kernel")
-    if codes.dim() != 2 or codes.shape[1] != w.n_in or codes.device.type != "cpu":
-        raise ValueError(f"w8 native kernel: codes must be CPU [tokens, {w.n_in}], got {tuple(codes.shape)}")
+    require_cpu("w8 native kernel", codes, scale)
+    if codes.dim() != 2 or codes.shape[1] != w.n_in:
+        raise ValueError(f"w8 native kernel: codes must be [tokens, {w.n_in}], got {tuple(codes.shape)}")
     if codes.dtype != torch.int8 and codes.dtype != torch.int16:
         raise ValueError(f"w8 native kernel: codes must be int8 (or int16 in the INT8 range), got {codes.dtype}")
     t = codes.shape[0]
     if scale.numel() != t:
         raise ValueError(f"w8 native kernel: scale must hold one value per token ({t}), got {tuple(scale.shape)}")
-    require_cpu("w8 native kernel", scale)
     xq = F.pad(codes.to(torch.int16), (0, w.k_pad - w.n_in)).contiguous()
     return _gemv_codes(lib, xq, scale.float().contiguous(), w)
 

@@ -77,9 +77,6 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV_MAX][
             vi_t w0[NV_MAX], w1[NV_MAX], w2[NV_MAX], w3[NV_MAX];
             for (int v = 0; v < nv; v++) {
                 const uint8_t *p = A->w + panel_at(r0 + v * VL, k, kp, 1);
-#ifdef A16_PF1
-                if (v == 0)
-#endif
                 PANEL_PREFETCH(p);
                 vi_t raw = VLOAD(p), lo = VMASK4(raw), hi = VSHR4(raw);
                 w0[v] = VUNPLO8(lo), w1[v] = VUNPHI8(lo), w2[v] = VUNPLO8(hi), w3[v] = VUNPHI8(hi);
