@@ -7,19 +7,24 @@ from pathlib import Path
 
 
 
-def _median_time(fn, repeats: int, sync) -> float:
+def _median_times(fns, repeats: int, sync) -> list[float]:
+    """Median seconds of each of ``fns``, timed in the same rounds (one call of each per round,
+    after one warm-up call each): the machine's memory bandwidth drifts by a third between runs
+    here, so a ratio to the copy is only meaningful when both are timed side by side."""
     import statistics
     import time
 
-    fn()
-    ts = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
+    for fn in fns:
         fn()
-        sync()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+    ts = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, t in zip(fns, ts):
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            t.append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in ts]
 
 
 def run(args) -> int:
@@ -45,36 +50,29 @@ def run(args) -> int:
     impl = "torch (vectorised)"
     if args.impl == "auto" and dev.type == "cpu" and native.available():
         impl = {512: "C (AVX-512)", 256: "C (AVX2)"}.get(native.simd_width(), "C (fused)")
-    y = torch.empty_like(x)
-    copy_s = _median_time(lambda: y.copy_(x), args.repeats, sync)
-    copy_gbs = nbytes / copy_s / 1e9
+    y, y2 = torch.empty_like(x), torch.empty_like(x)
+    copy = lambda: y2.copy_(x)  # noqa: E731  (timed beside every codec: see _median_times)
     rows = []
     for name in [c.strip() for c in args.codecs.split(",") if c.strip()]:
         spec = parse_spec(name)
         c = spec.codec
         if not spec.plain_codec:
-            rows.append(_channel_row(spec, x, y, args.hidden, args.repeats, sync, impl, copy_gbs))
+            rows.append(_channel_row(spec, x, y, copy, args.hidden, args.repeats, sync, impl))
             continue
         row_impl = "Triton (fused)" if args.impl == "auto" and uses_triton(x, c) else impl
         w = enc(x, c)
-        if args.impl == "auto":  # into a kept buffer, as QuickAllReduce does
+        if args.impl == "auto":  # into kept buffers, as QuickAllReduce does; decode into the input dtype
             wbuf = torch.empty_like(w)
-            te = _median_time(lambda: enc(x, c, out=wbuf), args.repeats, sync)
+            fns = (lambda: enc(x, c, out=wbuf), lambda: dec(w, c, x.numel(), dtype, out=y))
         else:
-            te = _median_time(lambda: enc(x, c), args.repeats, sync)
-        # decode into a preallocated tensor of the input dtype, as the all-reduce's last step does
-        if args.impl == "auto":
-            td = _median_time(lambda: dec(w, c, x.numel(), dtype, out=y), args.repeats, sync)
-        else:
-            td = _median_time(lambda: y.copy_(dec(w, c, x.numel(), dtype)), args.repeats, sync)
-        both = nbytes / (te + td) / 1e9
-        rows.append({
-            "codec": spec.name, "impl": row_impl, "wire_ratio": round(c.ratio(dtype), 3),
-            "encode_GBps": nbytes / te / 1e9, "decode_GBps": nbytes / td / 1e9, "enc_dec_GBps": both,
-            "copy_GBps": copy_gbs, "enc_dec_vs_copy": both / copy_gbs,
-        })
+            fns = (lambda: enc(x, c), lambda: y.copy_(dec(w, c, x.numel(), dtype)))
+        te, td, tc = _median_times([*fns, copy], args.repeats, sync)
+        rows.append(_row(spec.name, row_impl, round(c.ratio(dtype), 3), nbytes, te, td, tc))
+    if not rows:
+        raise ValueError(f"--codecs {args.codecs!r} names no codec")
+    lo, hi = min(r["copy_GBps"] for r in rows), max(r["copy_GBps"] for r in rows)
     table = Table(title=f"codec throughput, {args.elements} x {args.dtype}, {args.threads} thread(s), {dev}; "
-                        f"copy {copy_gbs:.2f} GB/s (input bytes per second)")
+                        f"copy {lo:.2f}-{hi:.2f} GB/s, timed beside each codec (input bytes per second)")
     for col in ("codec", "impl", "bytes ratio", "encode GB/s", "decode GB/s", "enc+dec GB/s", "vs copy"):
         table.add_column(col, justify="right")
     for r in rows:
@@ -84,17 +82,24 @@ def run(args) -> int:
     console.print(table)
     write_csv(args.out / "codecs.csv", rows)
     write_json(args.out / "codecs.json", {"meta": vars(args) | {"out": str(args.out), "func": None}, "rows": rows})
-    _plot(rows, args.out / "codecs.png", copy_gbs)
+    _plot(rows, args.out / "codecs.png")
     console.print(f"wrote {args.out}/codecs.csv, codecs.json, codecs.png")
     return 0
 
 
-def _channel_row(spec, x, y, hidden: int, repeats: int, sync, impl: str, copy_gbs: float) -> dict:
+def _row(name: str, impl: str, wire_ratio: float, nbytes: int, te: float, td: float, tc: float) -> dict:
+    both = nbytes / (te + td) / 1e9
+    return {"codec": name, "impl": impl, "wire_ratio": wire_ratio, "encode_GBps": nbytes / te / 1e9,
+            "decode_GBps": nbytes / td / 1e9, "enc_dec_GBps": both, "copy_GBps": nbytes / tc / 1e9,
+            "enc_dec_vs_copy": both / (nbytes / tc / 1e9)}
+
+
+def _channel_row(spec, x, y, copy, hidden: int, repeats: int, sync, impl: str) -> dict:
     """What the one-shot all-reduce does around the codec for ``int4+h+o16``-style specs, timed as
     one codec: encode = outliers out, zeroed, block Hadamard and the codec, fused per row
     (``ChannelPlan.encode``); decode = decode + merge (inverse Hadamard, outlier sums in, one cast),
-    fused per row (``ChannelPlan.decode_merge``), into kept buffers. Channels spread evenly (random data has no special ones); whole
-    tokens of ``hidden`` values."""
+    fused per row (``ChannelPlan.decode_merge``), into kept buffers. Channels spread evenly (random
+    data has no special ones); whole tokens of ``hidden`` values; the copy of x timed beside them."""
     import torch
 
     from lowbit.comm.channels import ChannelPlan, spread_channels
@@ -105,18 +110,16 @@ def _channel_row(spec, x, y, hidden: int, repeats: int, sync, impl: str, copy_gb
     plan = ChannelPlan.make(spec, hidden, spread_channels(spec.outliers, hidden) if spec.outliers else None)
     wire = encode(xs.float(), spec.codec)
     outl = torch.empty(tokens, spec.outliers, dtype=x.dtype, device=x.device)
-    te = _median_time(lambda: plan.encode(xs, spec.codec, wire, outl), repeats, sync)
+    plan.encode(xs, spec.codec, wire, outl)
     osum = outl.float()
-    td = _median_time(lambda: plan.decode_merge([wire], spec.codec, osum, ys), repeats, sync)
+    te, td, tc = _median_times([lambda: plan.encode(xs, spec.codec, wire, outl),
+                                lambda: plan.decode_merge([wire], spec.codec, osum, ys), copy], repeats, sync)
     nbytes = xs.numel() * xs.element_size()
-    both = nbytes / (te + td) / 1e9
-    return {"codec": spec.name, "impl": impl,
-            "wire_ratio": round(8 * xs.element_size() / spec.bits_per_value(x.dtype, hidden), 3),
-            "encode_GBps": nbytes / te / 1e9, "decode_GBps": nbytes / td / 1e9, "enc_dec_GBps": both,
-            "copy_GBps": copy_gbs, "enc_dec_vs_copy": both / copy_gbs}
+    return _row(spec.name, impl, round(8 * xs.element_size() / spec.bits_per_value(x.dtype, hidden), 3), nbytes, te, td,
+                tc * xs.numel() / x.numel())  # the copy's time for these bytes
 
 
-def _plot(rows: list[dict], path: Path, copy_gbs: float) -> None:
+def _plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -129,7 +132,8 @@ def _plot(rows: list[dict], path: Path, copy_gbs: float) -> None:
     xs = range(len(rows))
     ax.bar([i - 0.2 for i in xs], [r["encode_GBps"] for r in rows], 0.4, label="encode")
     ax.bar([i + 0.2 for i in xs], [r["decode_GBps"] for r in rows], 0.4, label="decode")
-    ax.axhline(copy_gbs, color="gray", ls="--", label="memory copy")
+    ax.scatter(list(xs), [r["copy_GBps"] for r in rows], color="gray", marker="_", s=400, zorder=3,
+               label="memory copy (timed beside each)")
     ax.set_xticks(list(xs), names)
     ax.set_yscale("log")
     ax.set_ylabel("GB/s of input, one core")

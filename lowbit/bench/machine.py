@@ -35,4 +35,5 @@ def report() -> dict:
             "native": [{"name": n, "built": bool(ok()), "source": lib.src.name,
                         "variant": isa.variant_of(lib.flags) if lib.flags else None} for n, ok, lib in libs],
             "kernels": kernels,
-            "bf16_calls": {"w4a16": a16_gemm.bf16_calls(True), "w8a16": a16_gemm.bf16_calls(False)}}
+            "bf16_calls": {"w4a16": a16_gemm.bf16_calls(True), "w8a16": a16_gemm.bf16_calls(False)},
+            "allreduce_int_codes": "divide" if codecs_native.divide_codes() else "reciprocal"}

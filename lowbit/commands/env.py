@@ -27,7 +27,7 @@ def run(args) -> int:
     rep = report()
     console = Console()
     cpu = rep["cpu"]
-    console.print(f"CPU: {cpu['model']} ({cpu['machine']}, {cpu['cores']} cores)", highlight=False)
+    console.print(f"CPU: {cpu['model']} ({cpu['vendor'] or cpu['machine']}, {cpu['machine']}, {cpu['cores']} cores)", highlight=False)
     console.print(f"torch {rep['torch']['version']}, CPU capability {rep['torch']['cpu_capability']}, "
                   f"{rep['torch']['threads']} threads", highlight=False)
     if rep["kernel_threads"]:
@@ -58,6 +58,8 @@ def run(args) -> int:
     console.print(kinds)
     for kind, path in rep["bf16_calls"].items():
         console.print(f"{kind}, bfloat16 calls of many tokens: {path}", highlight=False)
+    console.print(f"all-reduce INT codes on AVX-512: by the {rep['allreduce_int_codes']} (CPU vendor "
+                  f"{cpu['vendor'] or 'unknown'}; LOWBIT_QR_DIVIDE=0|1 overrides)", highlight=False)
     if args.json:
         write_json(args.json, rep)
         console.print(f"wrote {args.json}")

@@ -17,8 +17,9 @@ FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vn
 
 @lru_cache(maxsize=1)
 def cpu_info() -> dict:
-    """``{"model", "machine", "cores", "features": {name: bool}}`` for this machine."""
-    model, flags = platform.processor() or platform.machine(), set()
+    """``{"model", "vendor", "machine", "cores", "features": {name: bool}}`` for this machine
+    (vendor: cpuinfo's ``vendor_id``, e.g. AuthenticAMD, GenuineIntel; "" where it has none)."""
+    model, vendor, flags = platform.processor() or platform.machine(), "", set()
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -28,9 +29,11 @@ def cpu_info() -> dict:
         key = key.strip()
         if key == "model name":
             model = value.strip()
+        elif key == "vendor_id" and not vendor:
+            vendor = value.strip()
         elif key in ("flags", "Features") and not flags:
             flags = set(value.split())
-    return {"model": model, "machine": platform.machine(), "cores": os.cpu_count(),
+    return {"model": model, "vendor": vendor, "machine": platform.machine(), "cores": os.cpu_count(),
             "features": {f: f in flags for f in FEATURES}}
 
 

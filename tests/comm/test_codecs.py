@@ -221,3 +221,17 @@ def test_fused_reduce_equals_decode_add_encode(name, dtype):
         got = native.reduce_rows(wires, _kind(c, wd), c.bits, c.wire_row_bytes(wd), c.wire_code_bytes(wd), clamp,
                                  torch.empty_like(want), lib=port)
         assert torch.equal(got, want)
+
+
+def test_divide_switch_reads_its_variable(monkeypatch):
+    """LOWBIT_QR_DIVIDE chooses how the AVX-512 integer codes are computed (the same bits: the ISA
+    tests encode both ways); anything but 0/1 is an error, not a silent default."""
+    from lowbit.comm.codecs import native
+
+    monkeypatch.setenv("LOWBIT_QR_DIVIDE", "1")
+    assert native.divide_codes() is True
+    monkeypatch.setenv("LOWBIT_QR_DIVIDE", "0")
+    assert native.divide_codes() is False
+    monkeypatch.setenv("LOWBIT_QR_DIVIDE", "yes")
+    with pytest.raises(ValueError, match="LOWBIT_QR_DIVIDE"):
+        native.divide_codes()

@@ -12,3 +12,10 @@ def test_features_match_proc_cpuinfo():
                   if ln.startswith("flags")), [])
     assert {f for f, ok in info["features"].items() if ok} == set(FEATURES) & set(flags)
     assert info["model"] in summary()
+
+
+def test_vendor_matches_proc_cpuinfo():
+    """The vendor chooses how the AVX-512 codecs compute integer codes (lowbit.comm.codecs.native)."""
+    want = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                 if ln.startswith("vendor_id")), "")
+    assert cpu_info()["vendor"] == want

@@ -155,6 +155,54 @@ def _codec_outputs(lib):
             rb, cb, k = c.wire_row_bytes(dtype), c.wire_code_bytes(dtype), _kind(c, dtype)
             wire = codecs_native.encode_rows(x, k, c.bits, rows, rb, cb, lib=lib)
             out += [wire, codecs_native.decode_rows(wire, k, c.bits, rb, cb, x.numel(), torch.float32, lib=lib)]
+    return out + _channel_outputs(lib)
+
+
+def _channel_outputs(lib):
+    """The channel options' fused rows (encode + split, decode + sum + merge) over full rows and a
+    partial one, with NaN, blocks beyond fp16 (extended scales) and tiny values (subnormal fp16
+    scales, the smallest decoded sums: the AVX512_BF16 cast's no-subnormal argument), 1-3 wires;
+    every encode once with the AVX-512 integer codes by the reciprocal and once by the divide."""
+    try:
+        return [t for divide in (False, True) for t in _channel_outputs_with(lib, divide)]
+    finally:
+        codecs_native.set_divide_codes(codecs_native.divide_codes(), lib)
+
+
+def _channel_outputs_with(lib, divide: bool):
+    from lowbit.comm.channels import ChannelPlan
+    from lowbit.comm.codecs import get_codec, parse_spec
+
+    codecs_native.set_divide_codes(divide, lib)
+    g = torch.Generator().manual_seed(4)
+    out = []
+    for spec, n in (("int4+o16", 16), ("int4+h", 0), ("int4+h32+o5", 5), ("int3+h+o3", 3), ("fp4+o4", 4)):
+        plan = ChannelPlan.make(spec, 576, torch.randperm(576, generator=g)[:n].sort().values if n else None)
+        c = get_codec(parse_spec(spec).codec.name)
+        kind = 0 if c.kind == "int" else 1
+        tokens = 9  # 5184 values: two full rows and a partial one
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            wires = []
+            for w in range(3):
+                x = torch.randn(tokens, 576, generator=g) * torch.rand(576, generator=g) * 50
+                x[1, :200] *= 1e-6
+                x[2, 64:128] *= 1e-9
+                x[3, 7] = float("nan")
+                if dtype != torch.float16:
+                    x[4, 100:300] *= 1e33
+                x = x.to(dtype)
+                wire = torch.empty(-(-x.numel() // 2048), c.row_bytes, dtype=torch.uint8)
+                outl = torch.empty(tokens, n, dtype=dtype)
+                codecs_native.encode_split(x, 576, plan.channels, n, plan.block, plan.scale, kind, c.bits, c.row_bytes,
+                                           c.code_bytes, wire, outl, lib=lib)
+                wires.append(wire)
+                out += [wire, outl]
+            osum = torch.randn(tokens, n, generator=g) * 1e3
+            for nw in (1, 3):
+                got = codecs_native.decode_merge_channels(wires[:nw], kind, c.bits, c.row_bytes, c.code_bytes, 576,
+                                                          plan.channels, n, plan.block, plan.scale, osum if n else None,
+                                                          torch.empty(tokens * 576, dtype=dtype), lib=lib)
+                out.append(got.view(torch.uint8))
     return out
 
 

@@ -46,6 +46,29 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.qr_decode_merge.argtypes = [vp, ci, i64, ci, ci, i64, i64, ctypes.POINTER(i64), i64, i64, vp, i64, ci,
                                     ctypes.c_float, vp, vp, ci]
     lib.qr_decode_merge.restype = ci
+    lib.qr_set_divide_codes.argtypes = [ci]
+    lib.qr_set_divide_codes.restype = None
+    lib.qr_set_divide_codes(int(divide_codes()))
+
+
+def divide_codes() -> bool:
+    """Whether the AVX-512 integer codes divide (AMD, whose divider outpaces the reciprocal's extra
+    operations: measured on Zen 4) or multiply by the block's reciprocal (elsewhere: Intel's 512-bit
+    divide runs at the 256-bit one's rate per instruction). The same bits either way; LOWBIT_QR_DIVIDE=0/1
+    overrides (benchmarks)."""
+    env = os.environ.get("LOWBIT_QR_DIVIDE")
+    if env in ("0", "1"):
+        return env == "1"
+    if env:
+        raise ValueError(f"LOWBIT_QR_DIVIDE={env!r}: use 0 or 1")
+    from lowbit.native.cpu_features import cpu_info
+
+    return cpu_info().get("vendor") == "AuthenticAMD"
+
+
+def set_divide_codes(on: bool, lib: ctypes.CDLL | None = None) -> None:
+    """Switch how a loaded build computes its AVX-512 integer codes (tests compare both)."""
+    _built(lib).qr_set_divide_codes(int(on))
 
 
 _LIB = cbuild.NativeLibrary(_SRC, _flag_sets, _bind)

@@ -5,9 +5,12 @@
  * qr_avx2.h's fused paths, which these did not beat (measured). Same bits as the AVX2 and
  * portable code (tests compare the builds and the torch reference).
  *
- * Why: the AVX2 codes spend one fp32 divide per value, and the divider takes as long for 8 lanes
- * as 512-bit vectors take for 16; a product by the block's reciprocal needs no divider (the
- * divide is kept where the two could differ, below), and 512-bit vectors halve the rest. */
+ * Why: the AVX2 codes spend one fp32 divide per value, and a divider that takes as long for 16
+ * lanes as for 8 (Intel's) bounds them; a product by the block's reciprocal needs no divider (the
+ * divide is kept where the two could differ, below), and 512-bit vectors halve the rest. Where
+ * the divider keeps up (AMD Zen 4: INT4 codes of a row 262 against 312 ns, measured), the
+ * reciprocal's four extra operations per vector cost more than they save: qr_set_divide_codes(1)
+ * (lowbit.comm.codecs.native sets it per CPU vendor) divides. The same bits either way. */
 
 #define QR_SIMD512 1
 
@@ -22,16 +25,22 @@
  * as max_ps/min_ps give it in AVX2). */
 static inline void simd512_int_codes32(__m512 f0, __m512 f1, float s, int qmin, int qmax, int bias, __m512i *c0,
                                        __m512i *c1) {
-    const __m512 lim = _mm512_set1_ps(0.5f - 0x1p-15f), rv = _mm512_set1_ps(1.0f / s);
-    __m512 y0 = _mm512_mul_ps(f0, rv), y1 = _mm512_mul_ps(f1, rv);
-    __m512 q0 = _mm512_roundscale_ps(y0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 q1 = _mm512_roundscale_ps(y1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __mmask16 ok0 = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(y0, q0)), lim, _CMP_LT_OQ);
-    __mmask16 ok1 = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(y1, q1)), lim, _CMP_LT_OQ);
-    if ((ok0 & ok1) != 0xFFFF) { /* near a half-integer (or NaN): the divide decides */
-        const __m512 sv = _mm512_set1_ps(s);
+    const __m512 sv = _mm512_set1_ps(s);
+    __m512 q0, q1;
+    if (qr_divide_codes) { /* the divide alone: faster where the divider is (AMD Zen 4, measured) */
         q0 = _mm512_roundscale_ps(_mm512_div_ps(f0, sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         q1 = _mm512_roundscale_ps(_mm512_div_ps(f1, sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    } else {
+        const __m512 lim = _mm512_set1_ps(0.5f - 0x1p-15f), rv = _mm512_set1_ps(1.0f / s);
+        __m512 y0 = _mm512_mul_ps(f0, rv), y1 = _mm512_mul_ps(f1, rv);
+        q0 = _mm512_roundscale_ps(y0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        q1 = _mm512_roundscale_ps(y1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __mmask16 ok0 = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(y0, q0)), lim, _CMP_LT_OQ);
+        __mmask16 ok1 = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(y1, q1)), lim, _CMP_LT_OQ);
+        if ((ok0 & ok1) != 0xFFFF) { /* near a half-integer (or NaN): the divide decides */
+            q0 = _mm512_roundscale_ps(_mm512_div_ps(f0, sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            q1 = _mm512_roundscale_ps(_mm512_div_ps(f1, sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        }
     }
     const __m512 lo = _mm512_set1_ps((float)qmin), hi = _mm512_set1_ps((float)qmax);
     const __m512i bv = _mm512_set1_epi32(bias);
@@ -59,26 +68,31 @@ static inline void simd512_int4_nibbles(__m512 f0, __m512 f1, float s, uint8_t *
     _mm_storel_epi64((__m128i *)(out + 8), _mm512_cvtepi64_epi8(c1));
 }
 
-/* One block's 16 bytes of 4-bit codes (two per byte, the first in the low nibble) -> its 32
- * values (code - 8) * s, the same operations as simd_block_decode. */
-static inline void simd512_int4_decode(const uint8_t *p, float s, float *v) {
+/* 8 bytes of 4-bit codes (two per byte, the first in the low nibble) -> their 16 values
+ * (code - 8) * s, the same operations as simd_block_decode. */
+static inline __m512 simd512_int4_decode16(const uint8_t *p, __m512 sv) {
     const __m512i m = _mm512_set1_epi64(0x0000000F0000000Fll), bias = _mm512_set1_epi32(8);
+    __m512i b = _mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)p)); /* byte b -> dwords (b & 15, b >> 4) */
+    __m512i c = _mm512_and_si512(_mm512_or_si512(b, _mm512_slli_epi64(b, 28)), m);
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c, bias)), sv);
+}
+
+/* One block's 16 bytes -> its 32 values. */
+static inline void simd512_int4_decode(const uint8_t *p, float s, float *v) {
     const __m512 sv = _mm512_set1_ps(s);
-    for (int h = 0; h < 2; h++) { /* byte b -> the dword pair (b & 15, b >> 4) */
-        __m512i b = _mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)(p + 8 * h)));
-        __m512i c = _mm512_and_si512(_mm512_or_si512(b, _mm512_slli_epi64(b, 28)), m);
-        _mm512_storeu_ps(v + 16 * h, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c, bias)), sv));
-    }
+    _mm512_storeu_ps(v, simd512_int4_decode16(p, sv));
+    _mm512_storeu_ps(v + 16, simd512_int4_decode16(p + 8, sv));
 }
 
 /* float -> bf16 bits, round to nearest even, NaN -> 0xFFFF (as to_bf16); 16 values a step. */
-static inline void simd512_to_bf16(const float *v, uint16_t *o, int64_t n) {
+static inline __m256i simd512_bf16_bits(__m512 f) {
     const __m512i one = _mm512_set1_epi32(1), r = _mm512_set1_epi32(0x7FFF), nan = _mm512_set1_epi32(0xFFFF);
-    for (int64_t i = 0; i + 16 <= n; i += 16) {
-        __m512 f = _mm512_loadu_ps(v + i);
-        __m512i b = _mm512_castps_si512(f);
-        __m512i t = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(b, r), _mm512_and_si512(_mm512_srli_epi32(b, 16), one)), 16);
-        t = _mm512_mask_mov_epi32(t, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), nan);
-        _mm256_storeu_si256((__m256i *)(o + i), _mm512_cvtepi32_epi16(t));
-    }
+    __m512i b = _mm512_castps_si512(f);
+    __m512i t = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(b, r), _mm512_and_si512(_mm512_srli_epi32(b, 16), one)), 16);
+    t = _mm512_mask_mov_epi32(t, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), nan);
+    return _mm512_cvtepi32_epi16(t);
+}
+
+static inline void simd512_to_bf16(const float *v, uint16_t *o, int64_t n) {
+    for (int64_t i = 0; i + 16 <= n; i += 16) _mm256_storeu_si256((__m256i *)(o + i), simd512_bf16_bits(_mm512_loadu_ps(v + i)));
 }

@@ -25,7 +25,7 @@
 
 /* Blocks of 32 or 64 values in registers: butterfly_in16 per vector, then the spans 16 and 32 between
  * whole vectors, then the scale. 0 if the block is another size (the scalar loop runs). */
-static int fwht_blocks_512(float *v, int64_t m, int block, float scale) {
+static int fwht_blocks_simd(float *v, int64_t m, int block, float scale) {
     if (block != 32 && block != 64) return 0;
     const __m512 sv = _mm512_set1_ps(scale);
     for (int64_t b = 0; b + block <= m; b += block) {
@@ -45,15 +45,35 @@ static int fwht_blocks_512(float *v, int64_t m, int block, float scale) {
     }
     return 1;
 }
+#elif defined(__AVX2__) && !defined(QR_NO_SIMD)
+#include <immintrin.h>
+#include "../../../native/csrc/butterfly_simd.h"
+
+/* The same on AVX2: butterfly_in8 per vector of 8, then the spans 8, 16 and 32 between vectors. */
+static int fwht_blocks_simd(float *v, int64_t m, int block, float scale) {
+    if (block != 32 && block != 64) return 0;
+    const __m256 sv = _mm256_set1_ps(scale);
+    const int nv = block / 8;
+    for (int64_t b = 0; b + block <= m; b += block) {
+        float *x = v + b;
+        __m256 r[8], t;
+        for (int i = 0; i < nv; i++) r[i] = butterfly_in8(_mm256_loadu_ps(x + 8 * i));
+        for (int h = 1; h < nv; h *= 2) /* span 8 h: vectors i and i + h */
+            for (int i = 0; i < nv; i += 2 * h)
+                for (int j = i; j < i + h; j++) t = r[j], r[j] = _mm256_add_ps(t, r[j + h]), r[j + h] = _mm256_sub_ps(t, r[j + h]);
+        for (int i = 0; i < nv; i++) _mm256_storeu_ps(x + 8 * i, _mm256_mul_ps(r[i], sv));
+    }
+    return 1;
+}
 #else
-static int fwht_blocks_512(float *v, int64_t m, int block, float scale) {
+static int fwht_blocks_simd(float *v, int64_t m, int block, float scale) {
     (void)v, (void)m, (void)block, (void)scale;
     return 0;
 }
 #endif
 
 static void fwht_blocks(float *v, int64_t m, int block, float scale) {
-    if (fwht_blocks_512(v, m, block, scale)) return;
+    if (fwht_blocks_simd(v, m, block, scale)) return;
     for (int64_t b = 0; b + block <= m; b += block) {
         float *x = v + b;
         if (block == 64) {
@@ -68,6 +88,30 @@ static void fwht_blocks(float *v, int64_t m, int block, float scale) {
     }
 }
 
+/* out[p] = v in out_type (0 float32, 1 bf16, 2 f16): merge_row's cast of one value. */
+static inline void cast_one(float v, void *out, int out_type, int64_t p) {
+    if (out_type == 0)
+        ((float *)out)[p] = v;
+    else if (out_type == 1)
+        ((uint16_t *)out)[p] = to_bf16(v);
+    else /* as the plain decode: a sum within the codec's rounding of F16_MAX stays finite */
+        ((_Float16 *)out)[p] = (_Float16)((fabsf(v) > F16_MAX && fabsf(v) < 65536.0f) ? copysignf(F16_MAX, v) : v);
+}
+
+/* The outlier sums of the row's m values from start on, cast into out over their channels. */
+__attribute__((unused)) static void put_channels(int64_t start, int64_t m, int64_t hidden, const int64_t *chans, int64_t nch,
+                         const float *osum, void *out, int out_type) {
+    for (int64_t tok = start / hidden; nch && tok * hidden < start + m; tok++)
+        for (int64_t k = 0; k < nch; k++) {
+            int64_t p = tok * hidden + chans[k];
+            if (p >= start && p < start + m) cast_one(osum[tok * nch + k], out, out_type, p);
+        }
+}
+
+#ifdef QR_SIMD512
+#include "qr_channels_avx512.h"
+#endif
+
 static int channels_ok(int64_t n, int64_t hidden, int64_t nch, int block) {
     return hidden > 0 && n >= 0 && n % hidden == 0 && nch >= 0 && nch < hidden
            && (block == 0 || ((block & (block - 1)) == 0 && block <= 64 && ROW % block == 0 && hidden % block == 0));
@@ -79,10 +123,16 @@ static void take_channels(const uint8_t *src, size_t es, int64_t start, int64_t 
                           const int64_t *chans, int64_t nch, void *outl, void *buf, size_t bes) {
     for (int64_t tok = start / hidden; nch && m && tok * hidden < start + m; tok++)
         for (int64_t k = 0; k < nch; k++) {
-            int64_t p = tok * hidden + chans[k];
+            int64_t p = tok * hidden + chans[k], o = tok * nch + k;
             if (p < start || p >= start + m) continue;
-            memcpy((uint8_t *)outl + (size_t)(tok * nch + k) * es, src + (size_t)p * es, es);
-            memset((uint8_t *)buf + (size_t)(p - start) * bes, 0, bes);
+            if (es == 4) /* typed copies: a memcpy of a variable size is a library call per channel */
+                ((uint32_t *)outl)[o] = ((const uint32_t *)src)[p];
+            else
+                ((uint16_t *)outl)[o] = ((const uint16_t *)src)[p];
+            if (bes == 4)
+                ((float *)buf)[p - start] = 0.0f;
+            else
+                ((uint16_t *)buf)[p - start] = 0;
         }
 }
 
@@ -105,26 +155,34 @@ int qr_split(const void *in, int in_type, int64_t n, int64_t hidden, const int64
 }
 
 /* qr_merge's steps on one row of m values in L1 (buf, the values from start on): the block
- * Hadamard, the outlier sums put back, one cast into out. */
+ * Hadamard, the outlier sums put back, one cast into out. coded: buf holds decoded sums of a
+ * quantized wire, never subnormal (see ch512_store16), which may take AVX512_BF16's cast; the
+ * outlier sums (which may be) are then cast alone over their channels, the same bits. */
 static void merge_row(float *buf, int64_t start, int64_t m, int64_t hidden, const int64_t *chans, int64_t nch,
-                      int block, float scale, const float *osum, void *out, int out_type) {
+                      int block, float scale, const float *osum, void *out, int out_type, int coded) {
     if (block) fwht_blocks(buf, m, block, scale);
+#if defined(QR_SIMD512) && defined(__AVX512BF16__)
+    if (coded && out_type == 1) {
+        int64_t i = 0;
+        for (; i + 16 <= m; i += 16) ch512_store16(_mm512_loadu_ps(buf + i), out, 1, start + i);
+        for (; i < m; i++) cast_one(buf[i], out, 1, start + i);
+        put_channels(start, m, hidden, chans, nch, osum, out, out_type);
+        return;
+    }
+#else
+    (void)coded;
+#endif
     for (int64_t tok = start / hidden; nch && tok * hidden < start + m; tok++)
         for (int64_t k = 0; k < nch; k++) {
             int64_t p = tok * hidden + chans[k];
             if (p >= start && p < start + m) buf[p - start] = osum[tok * nch + k];
         }
-    if (out_type == 0) {
+    if (out_type == 0)
         memcpy((float *)out + start, buf, (size_t)m * sizeof(float));
-    } else if (out_type == 1) {
+    else if (out_type == 1)
         store_bf16(buf, (uint16_t *)out + start, m);
-    } else { /* as the plain decode: a sum within the codec's rounding of F16_MAX stays finite */
-        _Float16 *o = (_Float16 *)out + start;
-        for (int64_t i = 0; i < m; i++) {
-            float v = buf[i], a = fabsf(v);
-            o[i] = (_Float16)((a > F16_MAX && a < 65536.0f) ? copysignf(F16_MAX, v) : v); /* NaN stays NaN */
-        }
-    }
+    else
+        for (int64_t i = 0; i < m; i++) cast_one(buf[i], out, 2, start + i);
 }
 
 int qr_merge(const float *rest, int64_t n, int64_t hidden, const int64_t *chans, int64_t nch, int block, float scale,
@@ -134,7 +192,7 @@ int qr_merge(const float *rest, int64_t n, int64_t hidden, const int64_t *chans,
     for (int64_t start = 0; start < n; start += ROW) {
         int64_t m = n - start < ROW ? n - start : ROW;
         memcpy(buf, rest + start, (size_t)m * sizeof(float));
-        merge_row(buf, start, m, hidden, chans, nch, block, scale, osum, out, out_type);
+        merge_row(buf, start, m, hidden, chans, nch, block, scale, osum, out, out_type, 0);
     }
     return 0;
 }
@@ -155,12 +213,18 @@ int qr_decode_merge(const uint8_t *const *wires, int nw, int64_t rows, int kind,
         if (!fits(rows, row_bytes, wire_bytes[j])) return -1;
     for (int64_t start = 0; start < n; start += ROW) {
         int64_t m = n - start < ROW ? n - start : ROW, off = start / ROW * row_bytes;
+#ifdef QR_SIMD512
+        if (kind == 0 && bits == 4 && !block && m == ROW) { /* the whole row in one pass */
+            ch512_decode_merge_row_int4(wires, nw, off, code_bytes, start, hidden, chans, nch, osum, out, out_type);
+            continue;
+        }
+#endif
         decode_row(wires[0] + off, kind, bits, code_bytes, acc, m);
         for (int j = 1; j < nw; j++) {
             decode_row(wires[j] + off, kind, bits, code_bytes, vals, m);
             for (int64_t i = 0; i < m; i++) acc[i] += vals[i];
         }
-        merge_row(acc, start, m, hidden, chans, nch, block, scale, osum, out, out_type);
+        merge_row(acc, start, m, hidden, chans, nch, block, scale, osum, out, out_type, kind <= 1);
     }
     return 0;
 }

@@ -51,6 +51,12 @@ static inline uint16_t ext_scale(float s32, float *s) {
     return (uint16_t)(((b >> 31) << 15) | 0x7C00u | (((mag >> 23) - 142u) << 2) | ((mag >> 21) & 3u));
 }
 
+/* 1: the AVX-512 integer codes divide instead of multiplying by the reciprocal (qr_avx512.h); the
+ * same bits, set once after loading (the codecs run no threads). */
+static int qr_divide_codes = 0;
+
+void qr_set_divide_codes(int on) { qr_divide_codes = on != 0; }
+
 #if defined(__AVX2__) && defined(__F16C__) && !defined(QR_NO_SIMD)
 #include "qr_avx2.h"
 #endif
