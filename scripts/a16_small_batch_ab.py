@@ -13,17 +13,15 @@ builds on an AVX-512 CPU.
 from __future__ import annotations
 
 import argparse
-import random
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from batched_gemm_ab import _library_at  # noqa: E402
+from cold_timing import cold_medians_ms  # noqa: E402
 
 
 def _pairs(text: str) -> list[tuple[int, int]]:
@@ -47,7 +45,6 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    flush = torch.zeros(16 << 20)  # 64 MB: beyond the last-level cache
     res = {}
     with tempfile.TemporaryDirectory() as tmp:
         old, new = _library_at(args.rev, Path(tmp), a16_gemm), a16_gemm.library()
@@ -64,16 +61,7 @@ def main() -> None:
                         raise SystemExit(f"{kind} {out}x{n} at {t} tokens: {args.rev} and the working tree differ")
                     fns = {"old": lambda: a16_gemm.run(x, panels, old), "new": lambda: a16_gemm.run(x, panels, new),
                            "gemv": lambda: gemv_mod.run(x, gemv)}
-                    ts = {k: [] for k in fns}
-                    for _ in range(args.repeats + 1):
-                        order = list(fns.items())
-                        random.shuffle(order)
-                        for k, f in order:
-                            flush.add_(1.0)
-                            t0 = time.perf_counter()
-                            f()
-                            ts[k].append(time.perf_counter() - t0)
-                    ms = {k: statistics.median(v[1:]) * 1e3 for k, v in ts.items()}
+                    ms = cold_medians_ms(fns, args.repeats, warmup=1)
                     res[f"{kind} {out}x{n} t={t}"] = ms
                     print(f"{kind} {out}x{n} {t} tokens: {args.rev} {ms['old']:.3f} ms, now {ms['new']:.3f} "
                           f"({ms['old'] / ms['new']:.2f}x), GEMV {ms['gemv']:.3f} ({ms['gemv'] / ms['new']:.2f}x)",

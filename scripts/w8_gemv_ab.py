@@ -1,8 +1,7 @@
 """The INT8-weight GEMV (``csrc/w8_gemv.c``: W8A8's default kernel on CPUs without VNNI, W8A16's
-GEMV) at a git revision against the working tree's, in one process, the same bits asserted. A 64 MB
-buffer is written before every call, so each call reads its weights from memory as a decode step's
-layers do, and the two builds run in a new random order every round (``a16_small_batch_ab.py``'s
-protocol). Run it with ``LOWBIT_ISA=avx2`` to measure the AVX2 build on an AVX-512 CPU.
+GEMV) at a git revision against the working tree's, in one process, the same bits asserted, each
+call reading its weights from memory (``cold_timing.py``). Run it with ``LOWBIT_ISA=avx2`` to
+measure the AVX2 build on an AVX-512 CPU.
 
     [LOWBIT_ISA=avx2] .venv/bin/python scripts/w8_gemv_ab.py --rev REV [--tokens 1,4] [--repeats 41] [--json OUT]
 
@@ -13,17 +12,15 @@ Shapes (OUTxIN): the default model's four (qkv 960x576, o 576x576, gate/up 3072x
 from __future__ import annotations
 
 import argparse
-import random
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from batched_gemm_ab import _library_at  # noqa: E402
+from cold_timing import cold_medians_ms  # noqa: E402
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (4096, 4096)]
 
@@ -41,7 +38,6 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    flush = torch.zeros(16 << 20)  # 64 MB: beyond the last-level cache
     res = {}
     with tempfile.TemporaryDirectory() as tmp:
         old, new = _library_at(args.rev, Path(tmp), w8_gemv), w8_gemv._LIB.get()
@@ -55,16 +51,7 @@ def main() -> None:
                        (("old", old), ("new", new))}
                 if not torch.equal(fns["old"](), fns["new"]()):
                     raise SystemExit(f"{out}x{n} at {t} tokens: {args.rev} and the working tree differ")
-                ts = {k: [] for k in fns}
-                for _ in range(args.repeats):
-                    order = list(fns.items())
-                    random.shuffle(order)
-                    for k, f in order:
-                        flush.add_(1.0)
-                        t0 = time.perf_counter()
-                        f()
-                        ts[k].append(time.perf_counter() - t0)
-                ms = {k: statistics.median(v) * 1e3 for k, v in ts.items()}
+                ms = cold_medians_ms(fns, args.repeats)
                 res[f"{out}x{n} t={t}"] = ms
                 print(f"{out}x{n} {t} tokens: {args.rev} {ms['old']:.4f} ms, now {ms['new']:.4f} "
                       f"({ms['old'] / ms['new']:.2f}x)", flush=True)
