@@ -30,19 +30,33 @@ TOKENS = [1, 16, 64, 128, 512]
 KINDS = ("w8a8", "w4a4", "w4a16")
 
 
+def sources_at(rev: str, work: Path, folders: tuple[str, ...]) -> None:
+    """Each of ``folders``' files as they are at ``rev``, under ``work`` at the same relative paths
+    (so a source's includes of the shared headers, ``../../native/csrc/...``, find ``rev``'s)."""
+    for folder in folders:
+        (work / folder).mkdir(parents=True, exist_ok=True)
+        names = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:{folder}"], capture_output=True, text=True,
+                               check=True).stdout.split()
+        for name in names:
+            data = subprocess.run(["git", "show", f"{rev}:{folder}/{name}"], capture_output=True, check=True).stdout
+            (work / folder / name).write_bytes(data)
+
+
+def rev_flags(rev: str, flags: tuple[str, ...]) -> tuple[str, ...]:
+    """``flags`` and a define naming ``rev``'s commit: the build cache's key hashes the tree's shared
+    headers, not ``rev``'s, so without it a revision differing only there would reuse the tree's build."""
+    sha = subprocess.run(["git", "rev-parse", rev], capture_output=True, text=True, check=True).stdout.strip()
+    return (*flags, f"-DLOWBIT_SOURCES_AT={sha}")
+
+
 def _library_at(rev: str, work: Path, module):
     """``module``'s kernel library built from the sources of ``rev``, bound with today's signatures
     (the entry points called here have kept theirs)."""
     from lowbit.native import cbuild
 
-    csrc = "lowbit/kernels/csrc"
-    names = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:{csrc}"], capture_output=True, text=True,
-                           check=True).stdout.split()
-    for name in names:
-        data = subprocess.run(["git", "show", f"{rev}:{csrc}/{name}"], capture_output=True, check=True).stdout
-        (work / name).write_bytes(data)
+    sources_at(rev, work, ("lowbit/kernels/csrc", "lowbit/native/csrc"))
     src = module._LIB.src.name
-    lib = cbuild.compile_library(work / src, module._LIB.flag_sets[0])
+    lib = cbuild.compile_library(work / "lowbit/kernels/csrc" / src, rev_flags(rev, module._LIB.flag_sets[0]))
     if lib is None:
         raise SystemExit(f"{src} of {rev} did not build")
     module._bind(lib)

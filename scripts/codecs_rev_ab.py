@@ -21,12 +21,15 @@ import ctypes
 import json
 import random
 import statistics
-import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from batched_gemm_ab import rev_flags, sources_at  # noqa: E402
 
 
 def _library_at(rev: str, work: Path) -> ctypes.CDLL:
@@ -34,14 +37,8 @@ def _library_at(rev: str, work: Path) -> ctypes.CDLL:
     from lowbit.comm.codecs import native
     from lowbit.native import cbuild
 
-    for folder in ("lowbit/comm/codecs/csrc", "lowbit/native/csrc"):
-        (work / folder).mkdir(parents=True, exist_ok=True)
-        names = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:{folder}"], capture_output=True, text=True,
-                               check=True).stdout.split()
-        for name in names:
-            data = subprocess.run(["git", "show", f"{rev}:{folder}/{name}"], capture_output=True, check=True).stdout
-            (work / folder / name).write_bytes(data)
-    lib = cbuild.compile_library(work / "lowbit/comm/codecs/csrc/qr_codec.c", native._LIB.flag_sets[0])
+    sources_at(rev, work, ("lowbit/comm/codecs/csrc", "lowbit/native/csrc"))
+    lib = cbuild.compile_library(work / "lowbit/comm/codecs/csrc/qr_codec.c", rev_flags(rev, native._LIB.flag_sets[0]))
     if lib is None:
         raise SystemExit(f"qr_codec.c of {rev} did not build")
     if hasattr(lib, "qr_set_divide_codes"):

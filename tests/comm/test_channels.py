@@ -236,3 +236,24 @@ def test_float16_sums_at_the_limit_stay_finite_and_bad_outlier_sums_are_refused(
         with pytest.raises(ValueError, match="cannot hold"):  # three rows of input, one row of wire: rows were dropped
             native.encode_rows(torch.ones(3 * 2048), 0, 8, 1, parse_spec("int8").codec.row_bytes,
                                parse_spec("int8").codec.code_bytes)
+
+
+def test_decode_merge_with_a_tiny_hadamard_scale_keeps_the_portable_bits():
+    """AVX512_BF16's cast flushes subnormal inputs; decoded sums stay normal only for a Hadamard
+    scale that keeps 2^-25 normal (ChannelPlan's 1/sqrt(B) does). The C entry point takes any
+    scale: below that bound the build must fall back to the exact rounding (found by review)."""
+    from lowbit.comm.codecs import native
+
+    portable = native.variant(native.PORTABLE_FLAGS)
+    if not native.available() or portable is None:
+        pytest.skip("no C compiler")
+    c = parse_spec("int4").codec
+    g = torch.Generator().manual_seed(11)
+    wire = torch.randint(0, 256, (2, c.row_bytes), dtype=torch.uint8, generator=g)
+    wire[:, c.code_bytes:] = torch.tensor([0x3C00], dtype=torch.int16).view(torch.uint8).repeat(64)  # scales 1.0
+    chans = torch.zeros(0, dtype=torch.int64)
+    for scale in (2.0 ** -128, 2.0 ** -100, 0.125):
+        got, want = (native.decode_merge_channels([wire], 0, 4, c.row_bytes, c.code_bytes, 512, chans, 0, 32, scale, None,
+                                                  torch.empty(4096, dtype=torch.bfloat16), lib=lib)
+                     for lib in (None, portable))
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), scale

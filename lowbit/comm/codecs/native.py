@@ -54,8 +54,8 @@ def _bind(lib: ctypes.CDLL) -> None:
 def divide_codes() -> bool:
     """Whether the AVX-512 integer codes divide (AMD, whose divider outpaces the reciprocal's extra
     operations: measured on Zen 4) or multiply by the block's reciprocal (elsewhere: Intel's 512-bit
-    divide runs at the 256-bit one's rate per instruction). The same bits either way; LOWBIT_QR_DIVIDE=0/1
-    overrides (benchmarks)."""
+    divide takes twice its 256-bit one, the same rate per lane, so wider vectors do not speed it up).
+    The same bits either way; LOWBIT_QR_DIVIDE=0/1 overrides (benchmarks)."""
     env = os.environ.get("LOWBIT_QR_DIVIDE")
     if env in ("0", "1"):
         return env == "1"

@@ -1,12 +1,14 @@
 /* AVX-512 steps of the float32 rows (included by qr_avx2.h on AVX-512 F/BW/VL builds): the integer
  * codes of a row (encode_row: the channel options' encode, the two-shot reduce, float32 input),
  * INT4 rows decoded to float32 and float32 rows stored as bf16 (decode_row / store_bf16: the
- * channel options' merge, float32 and two-shot paths). The bf16 rows of the plain codecs keep
+ * channel options' merge where the build has no AVX512_BF16, float32 and two-shot paths; with it,
+ * decoded sums take ch512_store16 in qr_channels_avx512.h). The bf16 rows of the plain codecs keep
  * qr_avx2.h's fused paths, which these did not beat (measured). Same bits as the AVX2 and
  * portable code (tests compare the builds and the torch reference).
  *
- * Why: the AVX2 codes spend one fp32 divide per value, and a divider that takes as long for 16
- * lanes as for 8 (Intel's) bounds them; a product by the block's reciprocal needs no divider (the
+ * Why: the AVX2 codes spend one fp32 divide per value, and a divider that runs 16 lanes at the
+ * same rate per lane as 8 (Intel's: a 512-bit divide takes twice a 256-bit one, by public
+ * instruction tables) bounds them; a product by the block's reciprocal needs no divider (the
  * divide is kept where the two could differ, below), and 512-bit vectors halve the rest. Where
  * the divider keeps up (AMD Zen 4: INT4 codes of a row 262 against 312 ns, measured), the
  * reciprocal's four extra operations per vector cost more than they save: qr_set_divide_codes(1)

@@ -157,12 +157,17 @@ int qr_split(const void *in, int in_type, int64_t n, int64_t hidden, const int64
 /* qr_merge's steps on one row of m values in L1 (buf, the values from start on): the block
  * Hadamard, the outlier sums put back, one cast into out. coded: buf holds decoded sums of a
  * quantized wire, never subnormal (see ch512_store16), which may take AVX512_BF16's cast; the
- * outlier sums (which may be) are then cast alone over their channels, the same bits. */
+ * outlier sums (which may be) are then cast alone over their channels, the same bits. A NaN's
+ * sign and payload in float32 / float16 output are not specified: where +NaN and the -NaN of
+ * inf - inf meet in a block, the butterfly keeps whichever operand its instruction names first
+ * (builds and torch differ). The encoder's wires never produce that mix: a NaN input poisons its
+ * whole block with the default NaN. bf16 output writes every NaN as 0xFFFF. */
 static void merge_row(float *buf, int64_t start, int64_t m, int64_t hidden, const int64_t *chans, int64_t nch,
                       int block, float scale, const float *osum, void *out, int out_type, int coded) {
     if (block) fwht_blocks(buf, m, block, scale);
 #if defined(QR_SIMD512) && defined(__AVX512BF16__)
-    if (coded && out_type == 1) {
+    /* the proof needs the Hadamard's scale to keep 2^-25 normal: ChannelPlan's 1/sqrt(B) does */
+    if (coded && out_type == 1 && (!block || fabsf(scale) >= 0x1p-101f)) {
         int64_t i = 0;
         for (; i + 16 <= m; i += 16) ch512_store16(_mm512_loadu_ps(buf + i), out, 1, start + i);
         for (; i < m; i++) cast_one(buf[i], out, 1, start + i);

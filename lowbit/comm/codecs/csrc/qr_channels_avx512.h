@@ -10,7 +10,8 @@
 
 /* The 64 values from c on of one INT4 wire row, decoded: (code - 8) * scale, as decode_row. */
 static inline void ch512_decode64(const uint8_t *row, int64_t code_bytes, int c, __m512 *v) {
-    const uint16_t *scales = (const uint16_t *)(row + code_bytes) + c / BLK;
+    uint16_t scales[2]; /* copied: a wire may sit at any byte address */
+    memcpy(scales, row + code_bytes + 2 * (c / BLK), sizeof scales);
     __m512 s0 = _mm512_set1_ps(scale_value(scales[0])), s1 = _mm512_set1_ps(scale_value(scales[1]));
     v[0] = simd512_int4_decode16(row + c / 2, s0);
     v[1] = simd512_int4_decode16(row + c / 2 + 8, s0);
@@ -24,7 +25,7 @@ static inline void ch512_decode64(const uint8_t *row, int64_t code_bytes, int c,
  * 2^-25 (codes, INT or E2M1, times fp16 or extended scales), and so are the float32 sums and
  * butterfly stages of such values (below 2^-1 they are exact, above it float32's spacing is a
  * multiple of 2^-25), so each is 0 or at least 2^-25 in magnitude; the block Hadamard's scale
- * (>= 1/8) keeps it above 2^-28, far from float32's subnormals (< 2^-126). */
+ * (>= 1/8, which merge_row checks) keeps it at least 2^-28, far from float32's subnormals (< 2^-126). */
 static inline void ch512_store16(__m512 v, void *out, int out_type, int64_t i) {
     if (out_type == 0) {
         _mm512_storeu_ps((float *)out + i, v);
