@@ -24,8 +24,9 @@ static inline void ch512_decode64(const uint8_t *row, int64_t code_bytes, int c,
  * which flushes subnormal inputs to zero, but none comes here: a decoded value is a multiple of
  * 2^-25 (codes, INT or E2M1, times fp16 or extended scales), and so are the float32 sums and
  * butterfly stages of such values (below 2^-1 they are exact, above it float32's spacing is a
- * multiple of 2^-25), so each is 0 or at least 2^-25 in magnitude; the block Hadamard's scale
- * (>= 1/8, which merge_row checks) keeps it at least 2^-28, far from float32's subnormals (< 2^-126). */
+ * multiple of 2^-25), so each is 0 or at least 2^-25 in magnitude; ChannelPlan's block Hadamard
+ * scale 1/sqrt(B) >= 1/8 keeps it at least 2^-28, far from float32's subnormals (< 2^-126), and
+ * merge_row takes this path only for a scale that keeps 2^-25 normal (the C entry takes any). */
 static inline void ch512_store16(__m512 v, void *out, int out_type, int64_t i) {
     if (out_type == 0) {
         _mm512_storeu_ps((float *)out + i, v);
