@@ -168,9 +168,9 @@ static void merge_row(float *buf, int64_t start, int64_t m, int64_t hidden, cons
 #if defined(QR_SIMD512) && defined(__AVX512BF16__)
     /* the proof needs the Hadamard's scale to keep 2^-25 normal: ChannelPlan's 1/sqrt(B) does */
     if (coded && out_type == 1 && (!block || fabsf(scale) >= 0x1p-101f)) {
-        int64_t i = 0;
-        for (; i + 16 <= m; i += 16) ch512_store16(_mm512_loadu_ps(buf + i), out, 1, start + i);
-        for (; i < m; i++) cast_one(buf[i], out, 1, start + i);
+        const int64_t m16 = m - m % 16;
+        for (int64_t i = 0; i < m16; i += 16) ch512_store16(_mm512_loadu_ps(buf + i), out, 1, start + i);
+        for (int64_t i = m16; i < m; i++) cast_one(buf[i], out, 1, start + i);
         put_channels(start, m, hidden, chans, nch, osum, out, out_type);
         return;
     }
@@ -221,6 +221,11 @@ int qr_decode_merge(const uint8_t *const *wires, int nw, int64_t rows, int kind,
 #ifdef QR_SIMD512
         if (kind == 0 && bits == 4 && !block && m == ROW) { /* the whole row in one pass */
             ch512_decode_merge_row_int4(wires, nw, off, code_bytes, start, hidden, chans, nch, osum, out, out_type);
+            continue;
+        }
+        if (kind == 0 && bits == 4 && nw > 1 && m == ROW) { /* several wires summed in registers */
+            ch512_decode_sum_row_int4(wires, nw, off, code_bytes, acc);
+            merge_row(acc, start, m, hidden, chans, nch, block, scale, osum, out, out_type, 1);
             continue;
         }
 #endif

@@ -4,6 +4,8 @@
  *   a float32 row to L1 and reads it back for the cast.
  * - bf16 output of decoded sums (merge_row, coded): AVX512_BF16's conversion, one instruction for
  *   16 values where the integer rounding takes five.
+ * - ``+h`` INT4 rows of several wires (TP 2 and up): the wires decoded and summed in registers into
+ *   the float32 row that the Hadamard then reads, without a float32 row per wire in between.
  * The same operations in the same order, so the same bytes (tests compare every build with the
  * portable one and with the torch path). A one-pass ``+h`` row (butterfly in registers) measured
  * slower than the passes through L1 on Zen 4, whose vector units, not L1, bound these rows. */
@@ -66,4 +68,19 @@ static void ch512_decode_merge_row_int4(const uint8_t *const *wires, int nw, int
         for (int i = 0; i < 4; i++) ch512_store16(r[i], out, out_type, start + c + 16 * i);
     }
     put_channels(start, ROW, hidden, chans, nch, osum, out, out_type);
+}
+
+/* The float32 sum, in wire order, of a full INT4 row of nw wires (row offset off) into acc: the
+ * values decode_row + the accumulate loop give, without a float32 row per wire in between. */
+static void ch512_decode_sum_row_int4(const uint8_t *const *wires, int nw, int64_t off, int64_t code_bytes,
+                                      float *acc) {
+    for (int c = 0; c < ROW; c += 64) {
+        __m512 r[4], v[4];
+        ch512_decode64(wires[0] + off, code_bytes, c, r);
+        for (int j = 1; j < nw; j++) {
+            ch512_decode64(wires[j] + off, code_bytes, c, v);
+            for (int i = 0; i < 4; i++) r[i] = _mm512_add_ps(r[i], v[i]);
+        }
+        for (int i = 0; i < 4; i++) _mm512_storeu_ps(acc + c + 16 * i, r[i]);
+    }
 }
