@@ -353,14 +353,13 @@ static inline void simd_to_f16(const float *v, uint16_t *o, int64_t n) {
 static inline void simd_pack_plane(const uint8_t *codes, int shift, int w, uint8_t *out) {
     const __m128i sh = _mm_cvtsi32_si128(shift);
     const __m128i mask = _mm_set1_epi8((char)((1 << w) - 1));
-    if (w == 4) { /* 32 codes -> 16 bytes: (word | word >> 4) & 0xFF per code pair */
-        for (int i = 0; i < ROW; i += 32) {
-            __m128i a = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(codes + i)), sh), mask);
-            __m128i b = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(codes + i + 16)), sh), mask);
-            const __m128i lo = _mm_set1_epi16(0x00FF);
-            a = _mm_and_si128(_mm_or_si128(a, _mm_srli_epi16(a, 4)), lo);
-            b = _mm_and_si128(_mm_or_si128(b, _mm_srli_epi16(b, 4)), lo);
-            _mm_storeu_si128((__m128i *)(out + i / 2), _mm_packus_epi16(a, b));
+    if (w == 4) { /* 64 codes -> 32 bytes: c + 16 c' per code pair (vpmaddubsw, at most 255), packed */
+        const __m256i m4 = _mm256_set1_epi8(0x0F), pair = _mm256_set1_epi16(0x1001);
+        for (int i = 0; i < ROW; i += 64) {
+            __m256i a = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(codes + i)), sh), m4);
+            __m256i b = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(codes + i + 32)), sh), m4);
+            __m256i p = _mm256_packus_epi16(_mm256_maddubs_epi16(a, pair), _mm256_maddubs_epi16(b, pair));
+            _mm256_storeu_si256((__m256i *)(out + i / 2), _mm256_permute4x64_epi64(p, 0xD8)); /* lanes back in order */
         }
     } else if (w == 2) { /* 64 codes -> 16 bytes: v0 + 4 v1 (maddubs), then + 16 (v2 + 4 v3) (madd) */
         const __m128i m1 = _mm_set1_epi16(0x0401), m2 = _mm_set1_epi32(0x00100001);
