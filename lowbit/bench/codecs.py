@@ -8,23 +8,13 @@ from pathlib import Path
 
 
 def _median_times(fns, repeats: int, sync) -> list[float]:
-    """Median seconds of each of ``fns``, timed in the same rounds (one call of each per round,
-    after one warm-up call each): the machine's memory bandwidth drifts by a third between runs
-    here, so a ratio to the copy is only meaningful when both are timed side by side."""
-    import statistics
-    import time
+    """Median seconds of each of ``fns``, timed in the same rounds (:func:`.gemm.interleaved_medians`):
+    the machine's memory bandwidth drifts by a third between runs here, so a ratio to the copy is
+    only meaningful when both are timed side by side."""
+    from .gemm import interleaved_medians
 
-    for fn in fns:
-        fn()
-    ts = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, t in zip(fns, ts):
-            sync()
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            t.append(time.perf_counter() - t0)
-    return [statistics.median(t) for t in ts]
+    meds = interleaved_medians(dict(enumerate(fns)), repeats, sync)
+    return [meds[i][0] for i in range(len(fns))]
 
 
 def run(args) -> int:

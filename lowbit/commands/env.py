@@ -27,7 +27,8 @@ def run(args) -> int:
     rep = report()
     console = Console()
     cpu = rep["cpu"]
-    console.print(f"CPU: {cpu['model']} ({cpu['vendor'] or cpu['machine']}, {cpu['machine']}, {cpu['cores']} cores)", highlight=False)
+    vendor = f"{cpu['vendor']}, " if cpu["vendor"] else ""
+    console.print(f"CPU: {cpu['model']} ({vendor}{cpu['machine']}, {cpu['cores']} cores)", highlight=False)
     console.print(f"torch {rep['torch']['version']}, CPU capability {rep['torch']['cpu_capability']}, "
                   f"{rep['torch']['threads']} threads", highlight=False)
     if rep["kernel_threads"]:

@@ -21,6 +21,17 @@ static inline void ch512_decode64(const uint8_t *row, int64_t code_bytes, int c,
     v[3] = simd512_int4_decode16(row + c / 2 + 24, s1);
 }
 
+/* The 64 values from c on of a row of nw INT4 wires (row offset off), decoded and added in wire
+ * order in float32: decode_row's values and the accumulate loop's sums. */
+static inline void ch512_sum64(const uint8_t *const *wires, int nw, int64_t off, int64_t code_bytes, int c, __m512 *r) {
+    __m512 v[4];
+    ch512_decode64(wires[0] + off, code_bytes, c, r);
+    for (int j = 1; j < nw; j++) {
+        ch512_decode64(wires[j] + off, code_bytes, c, v);
+        for (int i = 0; i < 4; i++) r[i] = _mm512_add_ps(r[i], v[i]);
+    }
+}
+
 /* 16 decoded values into out + i as out_type (0 float32, 1 bf16, 2 f16 saturated as cast_one).
  * bf16 as to_bf16 (round to nearest even, NaN -> 0xFFFF); with AVX512_BF16 by its conversion,
  * which flushes subnormal inputs to zero, but none comes here: a decoded value is a multiple of
@@ -59,12 +70,8 @@ static void ch512_decode_merge_row_int4(const uint8_t *const *wires, int nw, int
                                         int64_t start, int64_t hidden, const int64_t *chans, int64_t nch,
                                         const float *osum, void *out, int out_type) {
     for (int c = 0; c < ROW; c += 64) {
-        __m512 r[4], v[4];
-        ch512_decode64(wires[0] + off, code_bytes, c, r);
-        for (int j = 1; j < nw; j++) {
-            ch512_decode64(wires[j] + off, code_bytes, c, v);
-            for (int i = 0; i < 4; i++) r[i] = _mm512_add_ps(r[i], v[i]);
-        }
+        __m512 r[4];
+        ch512_sum64(wires, nw, off, code_bytes, c, r);
         for (int i = 0; i < 4; i++) ch512_store16(r[i], out, out_type, start + c + 16 * i);
     }
     put_channels(start, ROW, hidden, chans, nch, osum, out, out_type);
@@ -75,12 +82,8 @@ static void ch512_decode_merge_row_int4(const uint8_t *const *wires, int nw, int
 static void ch512_decode_sum_row_int4(const uint8_t *const *wires, int nw, int64_t off, int64_t code_bytes,
                                       float *acc) {
     for (int c = 0; c < ROW; c += 64) {
-        __m512 r[4], v[4];
-        ch512_decode64(wires[0] + off, code_bytes, c, r);
-        for (int j = 1; j < nw; j++) {
-            ch512_decode64(wires[j] + off, code_bytes, c, v);
-            for (int i = 0; i < 4; i++) r[i] = _mm512_add_ps(r[i], v[i]);
-        }
+        __m512 r[4];
+        ch512_sum64(wires, nw, off, code_bytes, c, r);
         for (int i = 0; i < 4; i++) _mm512_storeu_ps(acc + c + 16 * i, r[i]);
     }
 }
