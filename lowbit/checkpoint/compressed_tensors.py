@@ -25,7 +25,7 @@ from torch import nn
 
 from lowbit.formats.int32_words import unpack_int32
 from lowbit.formats.grid import Grid
-from lowbit.formats.scheme import ActArgs, Scheme, SchemeError, WeightArgs
+from lowbit.formats.scheme import ActArgs, Scheme, SchemeError, WeightArgs, is_int
 from lowbit.formats.quantized_weight import QuantizedWeight
 
 from lowbit.errors import CheckpointError
@@ -76,13 +76,13 @@ def _check_scheme(name: str, g: dict, fmt: str) -> None:
         bad.append(f"weights {w!r} (lowbit reads INT weights of 2-6 or 8 bits)")
     elif w.get("strategy") not in ("group", "channel"):
         bad.append(f"weights.strategy={w.get('strategy')!r} (lowbit reads group and channel)")
-    elif w["strategy"] == "group" and not (_is_int(w.get("group_size")) and w["group_size"] > 0):
+    elif w["strategy"] == "group" and not (is_int(w.get("group_size")) and w["group_size"] > 0):
         bad.append(f"weights.group_size={w.get('group_size')!r} (strategy group needs a positive integer)")
     if w and not isinstance(w.get("symmetric", True), bool):
         bad.append(f"weights.symmetric={w.get('symmetric')!r} (true or false)")
     if a is not None:
         if a.get("type") != "int" or not a.get("dynamic") or a.get("strategy") not in ("token", "group") \
-                or not _is_int(a.get("num_bits")) or not isinstance(a.get("symmetric", True), bool):
+                or not is_int(a.get("num_bits")) or not isinstance(a.get("symmetric", True), bool):
             bad.append(f"input_activations {a!r} (lowbit runs dynamic per-token or per-group INT activations)")
     if g.get("output_activations") is not None:
         bad.append("output_activations")
@@ -117,10 +117,6 @@ def _group_order(name: str, g_idx: torch.Tensor | None, n: int, group: int) -> t
 
 def _bad(name: str, what: str):
     raise CheckpointError(f"{name}: {what}")
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)

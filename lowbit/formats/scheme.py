@@ -24,13 +24,19 @@ class SchemeError(LowbitError, ValueError):
     """A scheme (or its JSON) is invalid; the message names the field."""
 
 
+def is_int(x) -> bool:
+    """An integer read from JSON or given by a user: ``int`` but not ``bool`` (which Python counts as
+    one). The schemes, the compressed-tensors reader and the vLLM plugin's planning check with it."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def _check_bits(where: str, bits: int, allowed: tuple[int, ...]) -> None:
-    if isinstance(bits, bool) or not isinstance(bits, int) or bits not in allowed:
+    if not is_int(bits) or bits not in allowed:
         raise SchemeError(f"{where}.bits must be one of {allowed}, got {bits!r}")
 
 
 def _check_group(where: str, g: int) -> None:
-    if isinstance(g, bool) or not isinstance(g, int) or g < 0:
+    if not is_int(g) or g < 0:
         raise SchemeError(f"{where}.group_size must be an integer >= 0 (0 = whole row), got {g!r}")
 
 
@@ -77,7 +83,7 @@ class WeightArgs(_Bits):
     def __post_init__(self):
         _check_numbers("weights", self.bits, self.group_size, self.clip_ratio, self.format)
         _check_clip("weights.clip_min", self.clip_min)
-        if isinstance(self.clip_steps, bool) or not isinstance(self.clip_steps, int) or self.clip_steps < 1:
+        if not is_int(self.clip_steps) or self.clip_steps < 1:
             raise SchemeError(f"weights.clip_steps must be an integer >= 1, got {self.clip_steps!r}")
         if not isinstance(self.clip_weighted, bool):
             raise SchemeError(f"weights.clip_weighted must be true or false, got {self.clip_weighted!r}")
@@ -131,7 +137,7 @@ class OutlierArgs:
     def __post_init__(self):
         if not isinstance(self.max_fraction, (int, float)) or not 0.0 < float(self.max_fraction) <= 1.0:
             raise SchemeError(f"outliers.max_fraction must be in (0, 1], got {self.max_fraction!r}")
-        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 0:
+        if not is_int(self.count) or self.count < 0:
             raise SchemeError(f"outliers.count must be an integer >= 0, got {self.count!r}")
         if self.precision not in OUTLIER_PRECISIONS:
             raise SchemeError(f"outliers.precision must be one of {OUTLIER_PRECISIONS}, got {self.precision!r}")
@@ -155,7 +161,7 @@ class KVArgs(_Bits):
     def __post_init__(self):
         _check_bits("kv_cache", self.bits, (2, 3, 4, 8, 16))
         g = self.group_size
-        if isinstance(g, bool) or not isinstance(g, int) or g < 0 or g == 1:
+        if not is_int(g) or g < 0 or g == 1:
             raise SchemeError(f"kv_cache.group_size must be 0 (the whole head) or an integer >= 2, got {g!r}")
         if not isinstance(self.hadamard, bool):
             raise SchemeError(f"kv_cache.hadamard must be true or false, got {self.hadamard!r}")
@@ -181,7 +187,7 @@ class GPTQArgs:
     def __post_init__(self):
         if not isinstance(self.damp, (int, float)) or not 0.0 <= float(self.damp) < 1.0:
             raise SchemeError(f"gptq.damp must be in [0, 1), got {self.damp!r}")
-        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size <= 0:
+        if not is_int(self.block_size) or self.block_size <= 0:
             raise SchemeError(f"gptq.block_size must be a positive integer, got {self.block_size!r}")
         for flag in ("act_order", "true_sequential", "float_target"):
             if not isinstance(getattr(self, flag), bool):
@@ -209,7 +215,7 @@ class TPArgs:
     world: int = 1
 
     def __post_init__(self):
-        if isinstance(self.world, bool) or not isinstance(self.world, int) or self.world < 1:
+        if not is_int(self.world) or self.world < 1:
             raise SchemeError(f"tensor_parallel.world must be an integer >= 1, got {self.world!r}")
 
 
@@ -232,10 +238,10 @@ class RotationArgs:
     def __post_init__(self):
         if self.kind not in ROTATION_KINDS:
             raise SchemeError(f"rotation.kind must be one of {ROTATION_KINDS}, got {self.kind!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+        if not is_int(self.seed) or self.seed < 0:
             raise SchemeError(f"rotation.seed must be an integer >= 0, got {self.seed!r}")
         b = self.block
-        if isinstance(b, bool) or not isinstance(b, int) or b < 0 or (b and b & (b - 1)) or b == 1:
+        if not is_int(b) or b < 0 or (b and b & (b - 1)) or b == 1:
             raise SchemeError(f"rotation.block must be 0 (off) or a power of two >= 2, got {b!r}")
         for name in ("r2", "r4"):
             if not isinstance(getattr(self, name), bool):

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lowbit.errors import LowbitError
-from lowbit.formats.scheme import Scheme, SchemeError
+from lowbit.formats.scheme import Scheme, SchemeError, is_int
 from lowbit.kernels.linear_params import ActSpec, KernelError, kind_of
 from lowbit.nn.online_hadamard import BLOCK_KIND
 from lowbit.nn.quant_linear import QuantLinearLayout
@@ -129,7 +129,7 @@ def plan_from_meta(meta: dict) -> Plan:
         if not isinstance(splits, list) or len(splits) != scheme.tensor_parallel.world:
             raise PluginError(f"lowbit_config.json: {name} is cut into {splits!r} input slices, the scheme says "
                               f"{scheme.tensor_parallel.world} ranks")
-        if not all(_is_int(x) and x > 0 for x in splits):
+        if not all(is_int(x) and x > 0 for x in splits):
             raise PluginError(f"lowbit_config.json: layout.row_sharded.{name}.splits must be positive integers, "
                               f"got {splits!r}")
         if d.get("has_bias"):
@@ -161,10 +161,6 @@ def plan_from_meta(meta: dict) -> Plan:
     return Plan(scheme, linears, norms, row_sharded)
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _checked_layout(layout, scheme: Scheme) -> dict:
     """``layout`` with the types the plan reads (vLLM calls the plan before the checkpoint's hashes
     are checked, so a malformed file must be a :class:`PluginError` naming the field, not a crash),
@@ -186,7 +182,7 @@ def _checked_layout(layout, scheme: Scheme) -> dict:
         act = d.get("act")
         need(act is None or isinstance(act, dict), f"layout.quant_linears.{name}.act", "an object or null", act)
         if act is not None:
-            need(_is_int(act.get("bits")), f"layout.quant_linears.{name}.act.bits", "an integer", act.get("bits"))
+            need(is_int(act.get("bits")), f"layout.quant_linears.{name}.act.bits", "an integer", act.get("bits"))
     try:
         check_layout(layout, scheme)
     except (ValueError, TypeError, AttributeError) as e:
