@@ -113,6 +113,10 @@ register_format(ServeFormat("plugin-w4a16", _plugin("w4a16"), PLUGIN,
 register_format(ServeFormat("plugin-w4a4", _plugin("w4a4"), PLUGIN,
                             about="lowbit W4A4 (Atom: 64 INT8 outlier channels, reorder, g128; RTN) "
                                   "served by lowbit's vLLM plugin; vLLM has no W4A4 kernel of its own"))
+for _base in ("w4a16", "w4a4"):
+    register_format(ServeFormat(f"plugin-{_base}-head8", _plugin(f"{_base}-head8"), PLUGIN,
+                                about=f"plugin-{_base} with the preset's INT8 LM head (per row, lowbit's W8A16 kernel) "
+                                      "in place of vLLM's float one"))
 register_format(ServeFormat("plugin-w4a4-rot", _plugin("w4a4-rot"), PLUGIN,
                             about="plugin-w4a4 with w4a4-rot's Hadamard inside each INT4 block of every linear's "
                                   "input (applied online, inside lowbit's op)"))

@@ -5,7 +5,8 @@ vLLM 0.32's CPU kernels take W8A8 (INT8 weights per channel, dynamic per-token I
 and W4A16 with whole groups; the default model's width 576 is no multiple of 128 (the w4a16
 preset's group), so W4A16 exports with groups of 64. vLLM's CPU build serves only a float LM head
 (the w4a16 preset's INT8 head is left float here), and so that every served format is compared on
-the same head, W4A4's INT8 head is left float too. Speed does not depend on the weight values, so
+the same head, W4A4's INT8 head is left float too; the ``-head8`` schemes keep the presets' INT8
+head, for the plugin, which runs it on lowbit's W8A16 kernel. Speed does not depend on the weight values, so
 RTN (no GPTQ) is used: it quantizes in seconds. W4A4 (the Atom preset: INT8 outlier channels,
 reorder, groups of 128) has no compressed-tensors form vLLM runs; it is served through lowbit's
 vLLM plugin only, from lowbit's own checkpoint folder.
@@ -21,6 +22,9 @@ VLLM_SCHEMES: dict[str, tuple[str, list[str]]] = {
     "w4a16": ("w4a16", ["weights.group_size=64", "lm_head.bits=16", "gptq.enabled=false"]),
     "w4a4": ("w4a4", ["gptq.enabled=false", "weights.clip_search=false", "lm_head.bits=16"]),
     "w4a4-rot": ("w4a4-rot", ["gptq.enabled=false", "weights.clip_search=false", "lm_head.bits=16"]),
+    # the presets' own INT8 head (per row; RTN here): served by the plugin only
+    "w4a16-head8": ("w4a16", ["weights.group_size=64", "gptq.enabled=false"]),
+    "w4a4-head8": ("w4a4", ["gptq.enabled=false", "weights.clip_search=false"]),
 }
 
 

@@ -221,6 +221,13 @@ def test_plugin_formats_serve_the_lowbit_checkpoint_the_exports_come_from(tmp_pa
     w4a4 = FORMATS["plugin-w4a4"].make(src, tmp_path / "plugin-w4a4")
     scheme = json.loads((w4a4.vllm / CONFIG_NAME).read_text())["scheme"]
     assert scheme["activations"]["bits"] == 4 and scheme["outliers"]["count"] > 0 and not scheme["gptq"]["enabled"]
+    assert scheme["lm_head"]["bits"] == 16  # the same float head as vLLM's own formats
+    for base in ("w4a16", "w4a4"):  # the -head8 variants: the presets' INT8 head, the rest alike
+        head8 = json.loads((FORMATS[f"plugin-{base}-head8"].make(src, tmp_path / f"{base}-head8").vllm
+                            / CONFIG_NAME).read_text())["scheme"]
+        plain = json.loads((FORMATS[f"plugin-{base}"].make(src, tmp_path / base).vllm / CONFIG_NAME).read_text())["scheme"]
+        rest = lambda s: {k: v for k, v in s.items() if k not in ("lm_head", "name")}  # noqa: E731
+        assert head8["lm_head"]["bits"] == 8 and rest(head8) == rest(plain)
     rot = FORMATS["plugin-w4a4-rot"].make(src, tmp_path / "plugin-w4a4-rot")
     assert json.loads((rot.vllm / CONFIG_NAME).read_text())["scheme"]["rotation"]["block"] == 128
     for name, fmt in FORMATS.items():
@@ -408,11 +415,13 @@ def test_a_format_this_cpus_vllm_cannot_run_is_refused_before_any_work(tmp_path,
     assert "cpu_gemm_wna16" in err and "plugin-w4a16" in err and not (tmp_path / "out" / "serve.json").exists()
 
 
-def test_every_served_scheme_keeps_the_float_head():
+def test_every_served_scheme_keeps_the_float_head_but_the_head8_ones():
     """vLLM's CPU build serves only a float LM head, and the plugin's W4A4 keeps it float too, so
-    the engines are compared on the same head (the W4A4 presets' own head is INT8)."""
+    the engines are compared on the same head (the W4A4 presets' own head is INT8); the ``-head8``
+    schemes keep the presets' INT8 head, for the plugin."""
     from lowbit.bench.vllm_exports import VLLM_SCHEMES, vllm_scheme
     from lowbit.quantize import get_scheme
 
     assert get_scheme("w4a4").lm_head.enabled
-    assert all(not vllm_scheme(f).lm_head.enabled for f in VLLM_SCHEMES)
+    assert all(vllm_scheme(f).lm_head.enabled == f.endswith("-head8") for f in VLLM_SCHEMES)
+    assert {f for f in VLLM_SCHEMES if f.endswith("-head8")} == {"w4a16-head8", "w4a4-head8"}
