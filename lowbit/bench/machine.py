@@ -1,6 +1,6 @@
 """The machine a measurement ran on: CPU model and features, torch's build and capability, which
 native libraries built, the kernel each quantized kind runs by default, and what W4A16 / W8A16
-calls of many bfloat16 tokens run on. ``lowbit env`` prints
+calls of many bfloat16 tokens run on, whether prepared weights sit in huge pages. ``lowbit env`` prints
 it; every benchmark stores it in its JSON ``meta`` so a number always names its CPU."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ def report() -> dict:
     import torch
 
     from lowbit.comm.codecs import native as codecs_native
-    from lowbit.kernels.cpu import a16_gemm, decode_ops, hadamard, i8_gemm, kernel_threads, kv_packed, w4_gemv, w8_gemv
+    from lowbit.kernels.cpu import (a16_gemm, decode_ops, hadamard, huge_pages, i8_gemm, kernel_threads, kv_packed,
+                                   w4_gemv, w8_gemv)
     from lowbit.kernels import from_float, prepare
     from lowbit.native import isa
     from lowbit.native.cpu_features import cpu_info
@@ -36,4 +37,5 @@ def report() -> dict:
                         "variant": isa.variant_of(lib.flags) if lib.flags else None} for n, ok, lib in libs],
             "kernels": kernels,
             "bf16_calls": {"w4a16": a16_gemm.bf16_calls(True), "w8a16": a16_gemm.bf16_calls(False)},
-            "allreduce_int_codes": "divide" if codecs_native.divide_codes() else "reciprocal"}
+            "allreduce_int_codes": "divide" if codecs_native.divide_codes() else "reciprocal",
+            "huge_pages": {"thp": huge_pages.thp_mode(), "weights": huge_pages.enabled()}}

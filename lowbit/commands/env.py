@@ -61,6 +61,9 @@ def run(args) -> int:
         console.print(f"{kind}, bfloat16 calls of many tokens: {path}", highlight=False)
     console.print(f"all-reduce INT codes on AVX-512: by the {rep['allreduce_int_codes']} (CPU vendor "
                   f"{cpu['vendor'] or 'unknown'}; LOWBIT_QR_DIVIDE=0|1 overrides)", highlight=False)
+    hp = rep["huge_pages"]
+    console.print(f"prepared weights in 2 MiB pages: {'yes' if hp['weights'] else 'no'} (transparent huge pages: "
+                  f"{hp['thp']}; LOWBIT_HUGE_PAGES=0 turns it off)", highlight=False)
     if args.json:
         write_json(args.json, rep)
         console.print(f"wrote {args.json}")

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from lowbit.kernels.cpu import a16_gemm, w4_gemv, w4a4, w4a16, w8_gemv, w8a8, w8a16
+from lowbit.kernels.cpu import a16_gemm, huge_pages, w4_gemv, w4a4, w4a16, w8_gemv, w8a8, w8a16
 from lowbit.kernels import reference
 from lowbit.kernels.channel_order import permute_channels
 from lowbit.kernels import triton as triton_backend
@@ -140,6 +140,8 @@ def prepare(p: LinearParams, device: torch.device | str = "cpu", kernel: str | N
     else:
         state = mod.prepare(p)
         k = f"cpu:{state.method}" if hasattr(state, "method") else k
+    if k != "triton":
+        state = huge_pages.relocate(state)  # the same bytes in 2 MiB pages: cold decode reads
     return PreparedLinear(p.kind, k, state, mod.run, p.in_features, p.out_features,
                           None if input_perm is None else input_perm.to(device))
 

@@ -31,6 +31,10 @@ def test_env_reports_cpu_libraries_and_kernels(tmp_path, capsys):
         assert path == a16_gemm.bf16_calls(nibbles) and path in out
         if a16_gemm.dpbf16():
             assert path == f"AVX512_BF16 dot products from {a16_gemm.DPBF16_TOKENS[nibbles]} tokens"
+    from lowbit.kernels.cpu import huge_pages
+
+    assert rep["huge_pages"] == {"thp": huge_pages.thp_mode(), "weights": huge_pages.enabled()}
+    assert f"transparent huge pages: {huge_pages.thp_mode()}" in out
 
 
 def test_a_bad_override_is_one_cli_line(monkeypatch, capsys):

@@ -1,0 +1,117 @@
+"""Prepared weights moved into 2 MiB pages: the same bits from every kernel kind, memory that
+outlives the arena's later mappings, and the switch and the kernel's THP mode honoured."""
+
+from __future__ import annotations
+
+import gc
+import io
+
+import pytest
+import torch
+
+from lowbit.kernels.cpu import huge_pages
+from lowbit.kernels.dispatch import prepare
+from lowbit.kernels.linear_params import from_float
+
+needs_thp = pytest.mark.skipif(not huge_pages.enabled(), reason=f"transparent huge pages here: "
+                                                                 f"{huge_pages.thp_mode()}")
+
+
+def _mapping_flags(addr: int) -> list[str]:
+    """VmFlags of the mapping of this process that holds ``addr`` (``hg``: MADV_HUGEPAGE)."""
+    lines = open("/proc/self/smaps").read().splitlines()
+    inside = False
+    for line in lines:
+        head = line.split()[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            lo, hi = (int(v, 16) for v in head.split("-"))
+            inside = lo <= addr < hi
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {addr:#x}")
+
+
+@needs_thp
+def test_relocated_tensor_keeps_its_values_in_an_advised_mapping():
+    t = torch.randn(300, 97)
+    r = huge_pages.relocate_tensor(t)
+    assert r.data_ptr() != t.data_ptr() and torch.equal(r, t) and r.dtype == t.dtype and r.shape == t.shape
+    assert r.data_ptr() % huge_pages.ALIGN == 0
+    assert "hg" in _mapping_flags(r.data_ptr()) and "hg" not in _mapping_flags(t.data_ptr())
+    buf = io.BytesIO()
+    torch.save(r, buf)  # its own bytes, not the 32 MiB mapping around them
+    assert len(buf.getvalue()) < t.nbytes + 4096
+
+
+@needs_thp
+def test_small_odd_or_foreign_tensors_stay_where_they_are():
+    for t in (torch.zeros(10), torch.zeros(64, 64).t(), torch.zeros(8192, requires_grad=True)):
+        assert huge_pages.relocate_tensor(t) is t
+
+
+@needs_thp
+def test_memory_outlives_later_mappings_and_collection():
+    first = huge_pages.relocate_tensor(torch.arange(100_000, dtype=torch.int32))
+    for _ in range(3):  # fill the arena's mapping and start new ones
+        huge_pages.relocate_tensor(torch.ones(huge_pages.CHUNK // 4 // 4, dtype=torch.int32))
+    big = huge_pages.relocate_tensor(torch.ones(huge_pages.CHUNK // 2, dtype=torch.uint8))  # a mapping of its own
+    gc.collect()
+    assert torch.equal(first, torch.arange(100_000, dtype=torch.int32)) and int(big.sum()) == huge_pages.CHUNK // 2
+
+
+@needs_thp
+@pytest.mark.parametrize("kind,tokens", [("w4a16", 1), ("w4a16", 40), ("w8a16", 1), ("w8a16", 40), ("w8a8", 1),
+                                         ("w8a8", 40), ("w4a4", 1), ("w4a4", 40)])
+def test_every_kind_gives_the_same_bits_from_huge_pages(kind, tokens, monkeypatch):
+    torch.manual_seed(0)
+    w = torch.randn(200, 256) / 16
+    p = from_float(w, kind, group=128, **({"n_outliers": 32} if kind == "w4a4" else {}))
+    x = torch.randn(tokens, 256).bfloat16()
+    monkeypatch.setenv("LOWBIT_HUGE_PAGES", "0")
+    plain = prepare(p, "cpu")
+    monkeypatch.setenv("LOWBIT_HUGE_PAGES", "1")
+    moved = prepare(p, "cpu", input_perm=None)
+    assert plain.kernel == moved.kernel
+    ptrs = [t.data_ptr() for t in _tensors(moved.state) if t.nbytes >= huge_pages.MIN_BYTES]
+    assert ptrs and all("hg" in _mapping_flags(a) for a in ptrs)  # the weights moved
+    cached = {a for st in _states(moved.state) for a in getattr(st, "args", ()) if isinstance(a, int)}
+    if cached:  # raw pointers cached at construction point at the moved memory, not the freed one
+        assert set(ptrs) <= cached
+    gc.collect()
+    assert torch.equal(plain.batched(x), moved.batched(x))
+
+
+def _states(v):
+    import dataclasses
+
+    if dataclasses.is_dataclass(v):
+        yield v
+        for f in dataclasses.fields(v):
+            yield from _states(getattr(v, f.name))
+
+
+def _tensors(v):
+    import dataclasses
+
+    if isinstance(v, torch.Tensor):
+        yield v
+    elif dataclasses.is_dataclass(v):
+        for f in dataclasses.fields(v):
+            yield from _tensors(getattr(v, f.name))
+
+
+def test_switch_and_thp_mode(monkeypatch, tmp_path):
+    monkeypatch.setenv("LOWBIT_HUGE_PAGES", "2")
+    with pytest.raises(ValueError, match="LOWBIT_HUGE_PAGES"):
+        huge_pages.enabled()
+    monkeypatch.setenv("LOWBIT_HUGE_PAGES", "0")
+    state = prepare(from_float(torch.randn(64, 128), "w8a8"), "cpu").state
+    assert huge_pages.relocate(state) is state
+    monkeypatch.setenv("LOWBIT_HUGE_PAGES", "1")
+    f = tmp_path / "enabled"
+    monkeypatch.setattr(huge_pages, "_THP", f)
+    assert huge_pages.thp_mode() == "unavailable" and not huge_pages.enabled()
+    f.write_text("always madvise [never]\n")
+    assert huge_pages.thp_mode() == "never" and not huge_pages.enabled()
+    f.write_text("always [madvise] never\n")
+    assert huge_pages.thp_mode() == "madvise"
