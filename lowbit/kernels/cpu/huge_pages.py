@@ -15,6 +15,7 @@ import dataclasses
 import mmap
 import os
 import threading
+import weakref
 from pathlib import Path
 
 import torch
@@ -37,7 +38,7 @@ def thp_mode() -> str:
 
 
 def enabled() -> bool:
-    flag = os.environ.get("LOWBIT_HUGE_PAGES", "1")
+    flag = os.environ.get("LOWBIT_HUGE_PAGES", "1") or "1"
     if flag not in ("0", "1"):
         raise ValueError(f"LOWBIT_HUGE_PAGES must be 0 or 1, got {flag!r}")
     return flag == "1" and hasattr(mmap, "MADV_HUGEPAGE") and thp_mode() in ("always", "madvise")
@@ -45,12 +46,15 @@ def enabled() -> bool:
 
 class _Arena:
     """Bump allocation in 2 MiB-aligned anonymous mappings. Each tensor it gives has a storage of
-    its own bytes (``torch.save`` writes those, not the mapping) holding the mapping alive; the
-    arena holds only the current mapping."""
+    its own bytes (``torch.save`` writes those, not the mapping) that holds the mapping: a mapping
+    is unmapped once every tensor in it is freed (the arena keeps only a weak reference to the one
+    it fills). Freed space inside a mapping is not reused, so a process that prepares and drops
+    weights over and over while keeping a few can hold up to a mapping per survivor
+    (``LOWBIT_HUGE_PAGES=0`` if that matters). Mappings are never closed explicitly."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.map: mmap.mmap | None = None
+        self.map: weakref.ref | None = None
         self.used = self.end = 0
 
     @staticmethod
@@ -64,26 +68,38 @@ class _Arena:
 
     def take(self, nbytes: int) -> torch.Tensor:
         with self.lock:
-            if nbytes > CHUNK // 4:
+            if nbytes > CHUNK // 4:  # a mapping of its own
                 m, start, _ = self._mapping(nbytes)
             else:
+                m = self.map() if self.map is not None else None
                 start = -(-self.used // ALIGN) * ALIGN
-                if self.map is None or start + nbytes > self.end:
-                    self.map, start, self.end = self._mapping(CHUNK)
-                m, self.used = self.map, start + nbytes
+                if m is None or start + nbytes > self.end:
+                    m, start, self.end = self._mapping(CHUNK)
+                    self.map = weakref.ref(m)
+                self.used = start + nbytes
             return torch.frombuffer(m, dtype=torch.uint8, count=nbytes, offset=start)
+
+    def after_fork(self) -> None:
+        self.lock = threading.Lock()  # a fork while another thread held it must not deadlock the child
 
 
 _ARENA = _Arena()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_ARENA.after_fork)
 
 
 def relocate_tensor(t: torch.Tensor) -> torch.Tensor:
-    """A copy of a contiguous CPU tensor in huge pages (``t`` itself where that does not apply)."""
-    if (t.device.type != "cpu" or not t.is_contiguous() or t.nbytes < MIN_BYTES or t.requires_grad
-            or t.dtype in (torch.bool,) or t.is_quantized):
+    """A copy of a contiguous CPU tensor in huge pages; ``t`` itself where that does not apply
+    (small, strided, sparse, nested, quantized, bool or grad-requiring tensors) or where the
+    mapping fails (no memory to map: the weights stay in ordinary pages)."""
+    if (t.device.type != "cpu" or t.layout != torch.strided or t.is_nested or t.is_quantized
+            or not t.is_contiguous() or t.nbytes < MIN_BYTES or t.requires_grad or t.dtype == torch.bool):
         return t
-    out = _ARENA.take(t.nbytes).view(t.dtype).view(t.shape)
-    out.copy_(t)
+    try:
+        out = _ARENA.take(t.nbytes).view(t.dtype).view(t.shape)
+        out.copy_(t)
+    except (OSError, RuntimeError, NotImplementedError, TypeError):
+        return t
     return out
 
 

@@ -3,8 +3,10 @@ outlives the arena's later mappings, and the switch and the kernel's THP mode ho
 
 from __future__ import annotations
 
+import copy
 import gc
 import io
+import mmap
 
 import pytest
 import torch
@@ -13,8 +15,9 @@ from lowbit.kernels.cpu import huge_pages
 from lowbit.kernels.dispatch import prepare
 from lowbit.kernels.linear_params import from_float
 
-needs_thp = pytest.mark.skipif(not huge_pages.enabled(), reason=f"transparent huge pages here: "
-                                                                 f"{huge_pages.thp_mode()}")
+# gated on the machine, not on enabled(): a broken enabled() must fail here, not skip
+needs_thp = pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE") or huge_pages.thp_mode() not in ("always", "madvise"),
+                               reason=f"transparent huge pages here: {huge_pages.thp_mode()}")
 
 
 def _mapping_flags(addr: int) -> list[str]:
@@ -41,6 +44,35 @@ def test_relocated_tensor_keeps_its_values_in_an_advised_mapping():
     buf = io.BytesIO()
     torch.save(r, buf)  # its own bytes, not the 32 MiB mapping around them
     assert len(buf.getvalue()) < t.nbytes + 4096
+
+
+@needs_thp
+def test_enabled_where_the_kernel_gives_huge_pages(monkeypatch):
+    for flag in ("1", ""):  # unset or empty: the default, on
+        monkeypatch.setenv("LOWBIT_HUGE_PAGES", flag)
+        assert huge_pages.enabled()
+
+
+@needs_thp
+def test_mappings_are_2mib_aligned_and_tensors_64_byte_aligned():
+    arena = huge_pages._Arena()  # a fresh one: its first mapping starts here
+    first = arena.take(1000)
+    second = arena.take(huge_pages.MIN_BYTES + 3)
+    own = arena.take(huge_pages.CHUNK // 2)  # too large to share: a mapping of its own
+    assert first.data_ptr() % huge_pages.PAGE == 0 and own.data_ptr() % huge_pages.PAGE == 0
+    assert second.data_ptr() - first.data_ptr() == 1024 and second.data_ptr() % huge_pages.ALIGN == 0
+    assert "hg" in _mapping_flags(first.data_ptr()) and "hg" in _mapping_flags(own.data_ptr())
+
+
+@needs_thp
+def test_a_mapping_goes_when_its_last_tensor_does():
+    arena = huge_pages._Arena()
+    t = arena.take(4096)
+    held = arena.map
+    assert held() is not None
+    del t
+    gc.collect()
+    assert held() is None  # the arena's own reference does not keep freed weights resident
 
 
 @needs_thp
@@ -81,6 +113,33 @@ def test_every_kind_gives_the_same_bits_from_huge_pages(kind, tokens, monkeypatc
     assert torch.equal(plain.batched(x), moved.batched(x))
 
 
+@needs_thp
+@pytest.mark.parametrize("kind,method", [("w4a16", "native"), ("w4a16", "int4pack"), ("w8a16", "native"),
+                                         ("w8a16", "int8pack"), ("w8a8", "int_mm"), ("w8a8", "float"),
+                                         ("w4a4", "native"), ("w4a4", "float")])
+def test_other_methods_and_copies_of_moved_weights_give_the_same_bits(kind, method, monkeypatch):
+    from lowbit.kernels.linear_params import KernelError
+
+    torch.manual_seed(1)
+    p = from_float(torch.randn(96, 256) / 16, kind, group=128, **({"n_outliers": 32} if kind == "w4a4" else {}))
+    x = torch.randn(3, 256).bfloat16()
+    monkeypatch.setenv("LOWBIT_HUGE_PAGES", "0")
+    try:
+        want = prepare(p, "cpu", cpu_method=method).batched(x)
+    except KernelError as e:  # a method this CPU or torch build refuses
+        pytest.skip(str(e))
+    monkeypatch.setenv("LOWBIT_HUGE_PAGES", "1")
+    moved = prepare(p, "cpu", cpu_method=method)
+    buf = io.BytesIO()
+    torch.save(moved, buf)
+    twin = copy.deepcopy(moved)
+    loaded = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
+    del moved
+    gc.collect()
+    for pl in (twin, loaded):
+        assert torch.equal(pl.batched(x), want)
+
+
 def _states(v):
     import dataclasses
 
@@ -113,5 +172,6 @@ def test_switch_and_thp_mode(monkeypatch, tmp_path):
     assert huge_pages.thp_mode() == "unavailable" and not huge_pages.enabled()
     f.write_text("always madvise [never]\n")
     assert huge_pages.thp_mode() == "never" and not huge_pages.enabled()
-    f.write_text("always [madvise] never\n")
-    assert huge_pages.thp_mode() == "madvise"
+    for mode in ("always", "madvise"):
+        f.write_text({"always": "[always] madvise never\n", "madvise": "always [madvise] never\n"}[mode])
+        assert huge_pages.thp_mode() == mode and huge_pages.enabled() == hasattr(mmap, "MADV_HUGEPAGE")
