@@ -49,16 +49,23 @@ def rev_flags(rev: str, flags: tuple[str, ...]) -> tuple[str, ...]:
     return (*flags, f"-DLOWBIT_SOURCES_AT={sha}")
 
 
+def build_at(rev: str, work: Path, folder: str, lib_spec):
+    """The library ``lib_spec`` (a ``cbuild`` library: its source's name and flags) built from
+    ``rev``'s sources of ``folder`` and the shared headers they include; exits if it does not build."""
+    from lowbit.native import cbuild
+
+    sources_at(rev, work, (folder, "lowbit/native/csrc"))
+    src = lib_spec.src.name
+    lib = cbuild.compile_library(work / folder / src, rev_flags(rev, lib_spec.flag_sets[0]))
+    if lib is None:
+        raise SystemExit(f"{src} of {rev} did not build")
+    return lib
+
+
 def _library_at(rev: str, work: Path, module):
     """``module``'s kernel library built from the sources of ``rev``, bound with today's signatures
     (the entry points called here have kept theirs)."""
-    from lowbit.native import cbuild
-
-    sources_at(rev, work, ("lowbit/kernels/csrc", "lowbit/native/csrc"))
-    src = module._LIB.src.name
-    lib = cbuild.compile_library(work / "lowbit/kernels/csrc" / src, rev_flags(rev, module._LIB.flag_sets[0]))
-    if lib is None:
-        raise SystemExit(f"{src} of {rev} did not build")
+    lib = build_at(rev, work, "lowbit/kernels/csrc", module._LIB)
     module._bind(lib)
     return lib
 

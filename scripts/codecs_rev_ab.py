@@ -29,18 +29,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from batched_gemm_ab import rev_flags, sources_at  # noqa: E402
+from batched_gemm_ab import build_at  # noqa: E402
 
 
 def _library_at(rev: str, work: Path) -> ctypes.CDLL:
     """The codec library built from ``rev``'s sources (its csrc and the shared headers it includes)."""
     from lowbit.comm.codecs import native
-    from lowbit.native import cbuild
 
-    sources_at(rev, work, ("lowbit/comm/codecs/csrc", "lowbit/native/csrc"))
-    lib = cbuild.compile_library(work / "lowbit/comm/codecs/csrc/qr_codec.c", rev_flags(rev, native._LIB.flag_sets[0]))
-    if lib is None:
-        raise SystemExit(f"qr_codec.c of {rev} did not build")
+    lib = build_at(rev, work, "lowbit/comm/codecs/csrc", native._LIB)
     if hasattr(lib, "qr_set_divide_codes"):
         native._bind(lib)
     else:  # before the switch: today's signatures of the entry points called here

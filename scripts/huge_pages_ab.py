@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from lowbit.bench.decode_ab import ab_setup, decode_rates, greedy, save_rows
 
-SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]  # (in, out), 30 layers
+sys.path.insert(0, str(Path(__file__).parent))
+from model_linears import LAYERS, SHAPES  # noqa: E402
 
 
 def linears(kinds: list[str], tokens: list[int], repeats: int) -> dict:
@@ -30,7 +33,7 @@ def linears(kinds: list[str], tokens: list[int], repeats: int) -> dict:
 
     torch.manual_seed(0)
     calls: dict = {(k, v): [] for k in kinds for v in ("pages_4k", "pages_2m")}
-    for _ in range(30):
+    for _ in range(LAYERS):
         for n_in, n_out in SHAPES:
             w = torch.randn(n_out, n_in) / n_in ** 0.5
             for kind in kinds:

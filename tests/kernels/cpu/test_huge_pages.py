@@ -150,13 +150,7 @@ def _states(v):
 
 
 def _tensors(v):
-    import dataclasses
-
-    if isinstance(v, torch.Tensor):
-        yield v
-    elif dataclasses.is_dataclass(v):
-        for f in dataclasses.fields(v):
-            yield from _tensors(getattr(v, f.name))
+    return [t for st in _states(v) for t in vars(st).values() if isinstance(t, torch.Tensor)]
 
 
 def test_switch_and_thp_mode(monkeypatch, tmp_path):
