@@ -125,6 +125,7 @@ def test_threads_on_torchs_openmp_team_give_the_same_bits(tmp_path):
 _LATE_TEAM = r"""
 import ctypes
 import sys
+import time
 import torch
 from lowbit.kernels import from_float, prepare
 from lowbit.kernels.cpu import i8_gemm
@@ -167,7 +168,10 @@ for _ in range(20):
     after = counts()
     print(before, late, after)
     if late[2] == before[2]:
-        break  # no late region at all (omp: nothing is counted)
+        if late[4] == before[4]:
+            break  # no late region at all (omp: nothing is counted)
+        time.sleep(3.3)  # the probes ran alone (a late pool's window, up to 3.2 s): wait it out, try again
+        continue
     if after[1] > late[1] and after[0] == late[0]:
         ok = torch.equal(y0, y1)
         break
