@@ -10,6 +10,7 @@ from lowbit.native import cbuild, isa
 from lowbit.kernels.cpu import a16_gemm, decode_ops, hadamard, i8_gemm, kv_packed, w4_gemv, w4a4, w8_gemv, w8a8
 from lowbit.kernels import from_float
 from lowbit.native.isa import ISAError
+from lowbit.quantize.outliers import outlier_permutation
 from tests.kernels.cpu.builds import bf16_edge_values
 
 SOURCES = {"w4": w4_gemv._LIB.src, "w8": w8_gemv._LIB.src, "i8_gemm": i8_gemm._LIB.src, "a16_gemm": a16_gemm._LIB.src,
@@ -69,6 +70,7 @@ def _i8_outputs(lib):
     p8 = from_float(torch.randn(50, 301), "w8a8")
     w4, w8 = w4a4.prepare(p4, "gemm"), w8a8.prepare(p8, "gemm")
     perm = torch.randperm(333)
+    atom = outlier_permutation(torch.rand(333), 13)  # a rising head of 320 channels: each build's compresses
     for t in (1, 7, 13, 50):  # 50: AMX tiles for both where the build has them
         x = torch.randn(t, 333) * 3
         out.append(i8_gemm.run_codes(i8_gemm.act_codes(x, 13, w4.normal, 4, 0.9, lib), w4.normal, w4.outlier, lib))
@@ -80,6 +82,8 @@ def _i8_outputs(lib):
         # read through a permutation: each build's gathers (16 / 8 lanes, the last token's row alone)
         out.append(i8_gemm.linear(xb, w4.args, 50, perm, keep_bf16=True, lib=lib))
         out.append(i8_gemm.linear(x, w4.args, 50, perm, lib=lib))
+        out.append(i8_gemm.linear(xb, w4.args, 50, atom, keep_bf16=True, lib=lib))
+        out.append(i8_gemm.linear(x, w4.args, 50, atom, lib=lib))
     out.append(i8_gemm.round_bf16(bf16_edge_values(), lib).view(torch.int16))  # NaN bits compared too
     return out
 

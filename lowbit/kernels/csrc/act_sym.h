@@ -15,6 +15,7 @@
 #endif
 
 #include "act_round.h"
+#include "row_order.h"
 #include "work_pool.h"
 
 /* Codes of x[a:b] into q[0:b-a]; their sum into *sum; the scale returned (NaN if a value is not
@@ -69,49 +70,15 @@ static int64_t act_sym_tokens(const void *x, int bf16, int64_t t, int64_t n_in, 
     return bad;
 }
 
-/* One token's row gathered through the permutation: dst[j] = src[perm[j]], elements of 2 (bf16) or
- * 4 bytes. With vector gathers where the build has them, 16 (AVX-512) or 8 (AVX2) at a time: a
- * bf16 element is the low half of the 4 bytes read at its address, so the last element of a row may
- * read 2 bytes past it (past_end: the caller says those exist: the next token's row). */
-static inline void gather_row(const void *src, int bf16, int64_t n, const int32_t *perm, int past_end, void *dst) {
-    int64_t j = 0;
-#if defined(__AVX512F__) && !defined(PANEL_NO_SIMD)
-    if (bf16 && past_end)
-        for (; j + 16 <= n; j += 16)
-            _mm256_storeu_si256((__m256i *)((uint16_t *)dst + j),
-                                _mm512_cvtepi32_epi16(_mm512_i32gather_epi32(_mm512_loadu_si512(perm + j), src, 2)));
-    else if (!bf16)
-        for (; j + 16 <= n; j += 16)
-            _mm512_storeu_si512((uint32_t *)dst + j, _mm512_i32gather_epi32(_mm512_loadu_si512(perm + j), src, 4));
-#elif defined(__AVX2__) && !defined(PANEL_NO_SIMD)
-    if (bf16 && past_end) {
-        const __m256i low = _mm256_set1_epi32(0xFFFF);
-        for (; j + 16 <= n; j += 16) {
-            __m256i a = _mm256_and_si256(_mm256_i32gather_epi32(src, _mm256_loadu_si256((const __m256i *)(perm + j)), 2), low);
-            __m256i b = _mm256_and_si256(_mm256_i32gather_epi32(src, _mm256_loadu_si256((const __m256i *)(perm + j + 8)), 2), low);
-            _mm256_storeu_si256((__m256i *)((uint16_t *)dst + j), _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8));
-        }
-    } else if (!bf16) {
-        for (; j + 8 <= n; j += 8)
-            _mm256_storeu_si256((__m256i *)((uint32_t *)dst + j),
-                                _mm256_i32gather_epi32(src, _mm256_loadu_si256((const __m256i *)(perm + j)), 4));
-    }
-#endif
-    if (bf16) /* typed copies: a memcpy of a run-time size per value was a call per value (0.6 ns each) */
-        for (; j < n; j++) ((uint16_t *)dst)[j] = ((const uint16_t *)src)[perm[j]];
-    else
-        for (; j < n; j++) ((uint32_t *)dst)[j] = ((const uint32_t *)src)[perm[j]];
-}
-
 /* act_sym_tokens over the work pool (work_pool.h), blocks of `block` tokens, each first gathered as
- * x[:, perm] into xg when perm is not NULL (a layer's input reorder: the same values, so the same
+ * x[:, perm] into xg when order is not NULL (a layer's input reorder, row_order.h: the same values, so the same
  * codes): each token's codes are computed alone, so the same bits for any thread count. */
 #define ACT_SYM_BLOCK 16 /* the exported entry point's blocks */
 struct act_sym_job {
     const void *x;
     int bf16, bits, half;
-    const int32_t *perm; /* [n_in], each in [0, n_in) */
-    void *xg; /* [t, n_in], x's element size, when perm is not NULL */
+    const struct row_order *order; /* the reorder of n_in channels, or NULL */
+    void *xg; /* [t, n_in], x's element size, when order is not NULL */
     int64_t t, n_in, n, group, ng, kp, block;
     float clip;
     int16_t *xq, *oq;
@@ -125,11 +92,11 @@ static void act_sym_item(const void *ctx, int64_t item) {
     const int64_t i0 = item * J->block, cnt = J->t - i0 < J->block ? J->t - i0 : J->block;
     const size_t esz = J->bf16 ? 2 : 4;
     const char *x = (const char *)J->x + (size_t)(i0 * J->n_in) * esz;
-    if (J->perm) {
+    if (J->order) {
         char *g = (char *)J->xg + (size_t)(i0 * J->n_in) * esz;
         for (int64_t i = 0; i < cnt; i++)
-            gather_row(x + (size_t)(i * J->n_in) * esz, J->bf16, J->n_in, J->perm, i0 + i + 1 < J->t,
-                       g + (size_t)(i * J->n_in) * esz);
+            order_row(x + (size_t)(i * J->n_in) * esz, J->bf16, J->order, i0 + i + 1 < J->t,
+                      g + (size_t)(i * J->n_in) * esz);
         x = g;
     }
     int64_t bad = act_sym_tokens(x, J->bf16, cnt, J->n_in, J->n, J->group, J->ng, J->kp, J->bits, J->clip,

@@ -364,6 +364,7 @@ int i8_gemm_linear(const uint8_t *w, int nibbles, const float *sw, int32_t zero,
     int16_t *xq = malloc((size_t)(t * kp + t * k + 1) * sizeof(int16_t));
     float *sx = malloc((size_t)(t * ng + t) * sizeof(float));
     int32_t *xsum = malloc((size_t)(t * ng) * sizeof(int32_t));
+    struct row_order order = {0};
     int rc = -1;
     if ((perm && (!xg || !perm32)) || !xq || !sx || !xsum) goto done;
     for (int64_t j = 0; perm && j < n_in; j++) { /* checked and narrowed in one pass */
@@ -373,14 +374,16 @@ int i8_gemm_linear(const uint8_t *w, int nibbles, const float *sw, int32_t zero,
         }
         perm32[j] = (int32_t)perm[j];
     }
+    if (perm && row_order_plan(&order, perm32, n_in)) goto done;
     int16_t *oq = xq + t * kp;
     float *osx = sx + t * ng;
-    struct act_sym_job J = {.x = x, .bf16 = x_bf16, .bits = bits, .half = half, .perm = perm32, .xg = xg, .t = t,
+    struct act_sym_job J = {.x = x, .bf16 = x_bf16, .bits = bits, .half = half, .order = perm ? &order : NULL, .xg = xg, .t = t,
                             .n_in = n_in, .n = n, .group = group, .ng = ng, .kp = kp, .block = PREP_TOKENS,
                             .clip = clip, .xq = xq, .oq = oq, .sx = sx, .osx = osx, .xsum = xsum};
     rc = i8_gemm_to(w, nibbles, sw, zero, out, kp, group, ng, xq, sx, t, k ? wo : NULL, swo, kpo, oq, k, osx, &J, y,
                     y_bf16, threads);
 done:
+    row_order_free(&order);
     free(xg), free(perm32), free(xq), free(sx), free(xsum);
     return rc;
 }

@@ -166,6 +166,41 @@ def test_one_call_linear_equals_codes_then_gemm_with_a_permutation(out, n, k, gr
     assert torch.equal(i8_gemm.linear(x.reshape(13, 1, n + k), st.args, out, perm), want.reshape(13, 1, out))
 
 
+def _orders(n: int) -> dict[str, torch.Tensor]:
+    """Permutations of n channels by how long their rising head is (the part row_order.h copies by
+    vector compresses, the rest gathered): lowbit's outlier reorders, and every edge of the head."""
+    from lowbit.quantize.outliers import outlier_permutation
+
+    g = torch.Generator().manual_seed(n)
+    sq = torch.rand(n, generator=g)
+    moved = torch.arange(n).roll(-1)  # channel 0 last: the head is all but one
+    head = torch.randperm(n, generator=g)[: n // 2].sort().values
+    rest = torch.tensor(sorted(set(range(n)) - set(head.tolist())))
+    return {"identity": torch.arange(n), "outliers 13": outlier_permutation(sq, min(13, n)),
+            "outliers 1": outlier_permutation(sq, 1), "one moved": moved, "reversed": torch.arange(n).flip(0),
+            "random head, shuffled tail": torch.cat([head, rest[torch.randperm(rest.numel(), generator=g)]])}
+
+
+@pytest.mark.parametrize("n_in", [17, 40, 333, 576])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_shape_of_reorder_reads_the_permuted_input(n_in, dtype):
+    """The reorder in C (vector compresses of the rising head, then gathers) is x[:, perm] exactly,
+    in this build and the portable one, for heads that end at every place in a vector step, rows not
+    a multiple of 8 or 16, and several tokens (a step's whole-vector store must not reach the next
+    token's row)."""
+    k = 3 if n_in < 64 else 13
+    p = from_float(torch.randn(24, n_in), "w4a4", group=n_in - k if n_in < 64 else 64, n_outliers=k, act_clip=0.9)
+    st = w4a4.prepare(p, "gemm")
+    torch.manual_seed(n_in)
+    x = (torch.randn(9, n_in) * 3).to(dtype)
+    for name, perm in _orders(n_in).items():
+        want = i8_gemm.linear(x.index_select(1, perm), st.args, 24, keep_bf16=True)
+        for lib in (None, _portable()):
+            for t in (1, 2, 9):
+                got = i8_gemm.linear(x[:t], st.args, 24, perm, keep_bf16=True, lib=lib)
+                assert torch.equal(got, want[:t]), (name, t, lib)
+
+
 def test_a_permutation_index_outside_the_input_is_refused_by_the_c_call():
     """The C call checks every index before its gathers read through them (a wrong one would read
     outside the input): ValueError, in this build and the portable one, for either bound."""
