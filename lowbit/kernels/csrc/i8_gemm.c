@@ -77,6 +77,15 @@ static inline void out_row(const struct i8_args *A, int64_t i, int64_t r, const 
 #ifdef DOT_VNNI
 #define DOT_SMALL(acc, u, x) VDPBUSD(acc, u, x) /* u <= 15 */
 #define DOT_BYTE(acc, u, x) VDPBUSD(acc, u, x)
+#if I8_SIMD == 512
+/* acc + the dot products of u with 4 activation bytes at p broadcast inside the instruction
+ * ({1to16}): no broadcast in a register, so no shuffle op beside each pair of products */
+static inline __attribute__((always_inline)) vi_t dot_at(vi_t acc, vi_t u, const int8_t *p) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)p));
+    return acc;
+}
+#define DOT_AT 1
+#endif
 #else /* vpmaddubsw pair sums: |2 * 15 * 128| < 2^15, never saturated */
 #define DOT_SMALL(acc, u, x) VADD32((acc), VMADDUBS((u), (x)))
 #define DOT_BYTE(acc, u, x) VADD32((acc), VADD32(VSLL4(VMADDUBS(VSHR4(u), (x))), VMADDUBS(VMASK4(u), (x))))
@@ -99,6 +108,12 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV], con
             }
             /* the low channels of every token, then the high ones: one dot product per statement (nested,
              * GCC 12 copied about 20 accumulators between registers every step, now about 6) */
+#ifdef DOT_AT
+            for (int m = 0; m < mr; m++)
+                for (int v = 0; v < nv; v++) acc[m][v] = dot_at(acc[m][v], lo[v], x + m * xstride + k);
+            for (int m = 0; m < mr; m++)
+                for (int v = 0; v < nv; v++) acc[m][v] = dot_at(acc[m][v], hi[v], x + m * xstride + k + 4);
+#else
             for (int m = 0; m < mr; m++) {
                 vi_t x0 = VBCAST32(x + m * xstride + k);
                 for (int v = 0; v < nv; v++) acc[m][v] = DOT_SMALL(acc[m][v], lo[v], x0);
@@ -107,6 +122,7 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV], con
                 vi_t x1 = VBCAST32(x + m * xstride + k + 4);
                 for (int v = 0; v < nv; v++) acc[m][v] = DOT_SMALL(acc[m][v], hi[v], x1);
             }
+#endif
         }
     } else {
         for (int64_t k = a; k < b; k += 4) {
@@ -116,10 +132,15 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV], con
                 PANEL_PREFETCH(p);
                 wv[v] = VLOAD(p);
             }
+#ifdef DOT_AT
+            for (int m = 0; m < mr; m++)
+                for (int v = 0; v < nv; v++) acc[m][v] = dot_at(acc[m][v], wv[v], x + m * xstride + k);
+#else
             for (int m = 0; m < mr; m++) {
                 vi_t xb = VBCAST32(x + m * xstride + k);
                 for (int v = 0; v < nv; v++) acc[m][v] = DOT_BYTE(acc[m][v], wv[v], xb);
             }
+#endif
         }
     }
 }
