@@ -80,8 +80,9 @@ static inline void out_row(const struct i8_args *A, int64_t i, int64_t r, const 
 #if I8_SIMD == 512
 /* acc + the dot products of u with 4 activation bytes at p broadcast inside the instruction
  * ({1to16}): no broadcast in a register, so no shuffle op beside each pair of products */
+typedef int32_t __attribute__((may_alias)) bytes4_t; /* 4 of the int8 activation codes */
 static inline __attribute__((always_inline)) vi_t dot_at(vi_t acc, vi_t u, const int8_t *p) {
-    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)p));
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const bytes4_t *)p));
     return acc;
 }
 #define DOT_AT 1

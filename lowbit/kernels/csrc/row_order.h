@@ -14,8 +14,8 @@
 #include <immintrin.h>
 #endif
 
-#if defined(__AVX512F__) && !defined(PANEL_NO_SIMD)
-#define ROW_ORDER_STEP 16
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && !defined(PANEL_NO_SIMD)
+#define ROW_ORDER_STEP 16 /* 16-bit masked loads and stores: BW and VL */
 #elif defined(__AVX2__) && !defined(PANEL_NO_SIMD)
 #define ROW_ORDER_STEP 8
 #else
@@ -32,7 +32,7 @@ struct row_order {
 };
 
 /* The plan of perm (already checked to lie in [0, n)); 0, or -1 if out of memory. */
-static int row_order_plan(struct row_order *R, const int32_t *perm, int64_t n) {
+static inline int row_order_plan(struct row_order *R, const int32_t *perm, int64_t n) {
     memset(R, 0, sizeof *R);
     R->perm = perm, R->n = n;
 #if ROW_ORDER_STEP
@@ -57,10 +57,11 @@ static int row_order_plan(struct row_order *R, const int32_t *perm, int64_t n) {
     return 0;
 }
 
-static void row_order_free(struct row_order *R) {
+static inline void row_order_free(struct row_order *R) {
     free(R->keep);
 #if ROW_ORDER_STEP == 8
     free(R->lanes);
+    R->lanes = NULL;
 #endif
     R->keep = NULL;
 }
