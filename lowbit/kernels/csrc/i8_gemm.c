@@ -86,6 +86,15 @@ static inline __attribute__((always_inline)) vi_t dot_at(vi_t acc, vi_t u, const
     return acc;
 }
 #define DOT_AT 1
+/* acc - the int32 at p, and v * the float at p, each broadcast by the instruction itself */
+static inline __attribute__((always_inline)) vi_t sub_at(vi_t acc, const int32_t *p) {
+    __asm__("vpsubd %1%{1to16%}, %0, %0" : "+v"(acc) : "m"(*p));
+    return acc;
+}
+static inline __attribute__((always_inline)) vf_t mul_at(vf_t v, const float *p) {
+    __asm__("vmulps %1%{1to16%}, %0, %0" : "+v"(v) : "m"(*p));
+    return v;
+}
 #endif
 #else /* vpmaddubsw pair sums: |2 * 15 * 128| < 2^15, never saturated */
 #define DOT_SMALL(acc, u, x) VADD32((acc), VMADDUBS((u), (x)))
@@ -162,8 +171,12 @@ static inline __attribute__((always_inline)) void tile(const struct i8_args *A, 
             vf_t swv = FLOAD(A->sw + ((r / PANEL) * ng + g) * PANEL + r % PANEL);
             for (int m = 0; m < mr; m++) {
                 int64_t q = (i0 + m) * ng + g;
+#ifdef DOT_AT
+                f[m][v] = FMA(FCVT(sub_at(acc[m][v], A->zx + q)), mul_at(swv, A->sx + q), f[m][v]);
+#else
                 vi_t p = VSUB32(acc[m][v], VSET32(A->zx[q]));
                 f[m][v] = FMA(FCVT(p), FMUL(swv, FSET(A->sx[q])), f[m][v]);
+#endif
             }
         }
     }
