@@ -9,7 +9,7 @@ token on 576x3072, 0.044 against 0.084 ms on the AMX Xeon).
 
 Default shapes: the default model's (576x960 qkv, 576x576 o, 576x3072 gate/up, 1536x576 down), 1 /
 16 / 64 / 128 / 512 tokens, bf16 in and out; W4A4 with 64 INT8 outliers and groups of 128 (``w4a4+perm``:
-and an input reorder as lowbit's quantizer makes them, the plugin's qkv / gate-up / o case), W4A16
+with an input reorder as lowbit's quantizer makes one, the plugin's qkv / gate-up / o case), W4A16
 with groups of 64 (bf16 calls from ``a16_gemm.BF16_MIN_TOKENS`` tokens run torch's matmul in both
 builds).
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,7 +27,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]
+sys.path.insert(0, str(Path(__file__).parent))
+from model_linears import SHAPES, outlier_order  # noqa: E402
+
 TOKENS = [1, 16, 64, 128, 512]
 KINDS = ("w8a8", "w4a4", "w4a4+perm", "w4a16")
 
@@ -82,16 +85,8 @@ def _kernel(kind: str, w: torch.Tensor):
         return (lambda x, lib: a16_gemm.run(x, panels, lib=lib)), a16_gemm
     st = (w8a8.prepare(from_float(w, "w8a8"), "gemm") if kind == "w8a8"
           else w4a4.prepare(from_float(w, "w4a4", n_outliers=64, group=128), "gemm"))
-    perm = _outlier_order(w.shape[1], 64) if kind == "w4a4+perm" else None
+    perm = outlier_order(w.shape[1]) if kind == "w4a4+perm" else None
     return (lambda x, lib: i8_gemm.linear(x, st.args, o, perm, keep_bf16=True, lib=lib)), i8_gemm
-
-
-def _outlier_order(n: int, k: int) -> torch.Tensor:
-    """An input reorder as lowbit's W4A4 quantizer makes one (its normal channels in order, then ``k``
-    outlier channels), for channel square-sums of a few large channels among many small ones."""
-    from lowbit.quantize.outliers import outlier_permutation
-
-    return outlier_permutation(torch.randn(n).abs() ** 4, k)
 
 
 def main() -> None:

@@ -30,10 +30,17 @@ SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]  # (in, out)
 LAYERS = 30
 
 
+def outlier_order(n: int, k: int = 64) -> torch.Tensor:
+    """An input reorder as lowbit's W4A4 quantizer makes one (its normal channels in order, then ``k``
+    outlier channels), for channel square-sums of a few large channels among many small ones."""
+    from lowbit.quantize.outliers import outlier_permutation
+
+    return outlier_permutation(torch.randn(n).abs() ** 4, k)
+
+
 def build() -> dict[str, list]:
     from lowbit.kernels.dispatch import prepare
     from lowbit.kernels.linear_params import from_float
-    from lowbit.quantize.outliers import outlier_permutation
 
     torch.manual_seed(0)
     calls: dict[str, list] = {"bf16": [], "w8a8": [], "w4a4": [], "w4a4+perm": [], "w4a16": []}
@@ -44,8 +51,7 @@ def build() -> dict[str, list]:
             calls["bf16"].append((n_in, lambda x, w=w.bfloat16(): F.linear(x, w)))
             calls["w8a8"].append((n_in, prepare(from_float(w, "w8a8"), "cpu").batched))
             calls["w4a4"].append((n_in, prepare(p4, "cpu").batched))
-            order = outlier_permutation(torch.randn(n_in).abs() ** 4, 64)
-            calls["w4a4+perm"].append((n_in, prepare(p4, "cpu", input_perm=order).batched))
+            calls["w4a4+perm"].append((n_in, prepare(p4, "cpu", input_perm=outlier_order(n_in)).batched))
             calls["w4a16"].append((n_in, prepare(from_float(w, "w4a16"), "cpu").batched))
             for name, f in _vllm_calls(w).items():
                 calls.setdefault(name, []).append((n_in, f))

@@ -70,9 +70,9 @@ static int64_t act_sym_tokens(const void *x, int bf16, int64_t t, int64_t n_in, 
     return bad;
 }
 
-/* act_sym_tokens over the work pool (work_pool.h), blocks of `block` tokens, each first gathered as
- * x[:, perm] into xg when order is not NULL (a layer's input reorder, row_order.h: the same values, so the same
- * codes): each token's codes are computed alone, so the same bits for any thread count. */
+/* act_sym_tokens over the work pool (work_pool.h), blocks of `block` tokens, each first reordered as
+ * x[:, perm] into xg when order is not NULL (a layer's input reorder, row_order.h: the same values,
+ * so the same codes): each token's codes are computed alone, so the same bits for any thread count. */
 #define ACT_SYM_BLOCK 16 /* the exported entry point's blocks */
 struct act_sym_job {
     const void *x;
