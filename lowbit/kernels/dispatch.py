@@ -93,7 +93,8 @@ class PreparedLinear:
         elif self.kind == "w8a8" and getattr(self.state, "method", None) == "gemm":
             self._direct = w8a8.run_gemm
         elif self.kind == "w4a4" and isinstance(self.state, w4a4.W4A4GemmPrepared):
-            self._direct, self._gathers = functools.partial(w4a4.run_gemm, perm=self.input_perm), True
+            order = None if self.input_perm is None else w4a4.input_order(self.input_perm)  # planned once
+            self._direct, self._gathers = functools.partial(w4a4.run_gemm, perm=order), True
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.shape[1] != self.in_features:

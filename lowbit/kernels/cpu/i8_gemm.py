@@ -16,6 +16,7 @@ nibbles 4-7 (4-bit). Scales ``[out/16, groups, 16]``.
 from __future__ import annotations
 
 import ctypes
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +41,13 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.i8_gemm_linear.argtypes = [vp, ci, vp, i32, i64, i64, i64, i64, vp, vp, i64, i64, i64, ci, ctypes.c_float, ci,
                                    vp, vp, ci, i64, vp, ci, ci]
     lib.i8_gemm_linear.restype = ci
+    if hasattr(lib, "i8_input_order_new"):  # absent from builds of older sources (scripts/*_ab.py load them)
+        lib.i8_gemm_linear_ordered.argtypes = lib.i8_gemm_linear.argtypes
+        lib.i8_gemm_linear_ordered.restype = ci
+        lib.i8_input_order_new.argtypes = [vp, i64, ctypes.POINTER(vp)]
+        lib.i8_input_order_new.restype = ci
+        lib.i8_input_order_free.argtypes = [vp]
+        lib.i8_input_order_free.restype = None
     lib.i8_round_bf16.argtypes = [vp, vp, i64]
     lib.i8_round_bf16.restype = None
 
@@ -170,6 +178,51 @@ def _check_outlier_panels(o: I8Panels, w: I8Panels, k: int) -> None:
                          f"{PANEL * w.scale.shape[0]} rows needed)")
 
 
+class InputOrder:
+    """A layer's input reorder ``perm`` (int64 ``[n]``) checked and planned in C once, for every
+    call of :func:`linear` that reads x through it (a per-call plan cost 2-6 µs). The plan is a
+    build's own (its vector width), so one is made per library, on first use; freed with this object.
+    Pickles and deep copies carry ``perm`` and plan again (a plan is a raw pointer)."""
+
+    def __init__(self, perm: torch.Tensor, lib: ctypes.CDLL | None = None) -> None:
+        if not isinstance(perm, torch.Tensor) or perm.dim() != 1 or perm.dtype.is_floating_point or perm.is_complex():
+            raise ValueError(f"i8 gemm: an input order must be a 1-D integer tensor, got {_describe(perm)}")
+        self.perm = perm.to(torch.int64, copy=True).cpu().contiguous()
+        self.n = self.perm.numel()
+        self._plans: dict[int, tuple[ctypes.CDLL, int]] = {}
+        self._lock = threading.Lock()
+        self.plan(_built(lib))  # a bad index is an error here, when the layer is prepared
+
+    def plan(self, lib: ctypes.CDLL) -> int:
+        """The plan's address for ``lib`` (made on its first use)."""
+        got = self._plans.get(id(lib))
+        if got is not None:
+            return got[1]
+        with self._lock:
+            got = self._plans.get(id(lib))
+            if got is None:
+                ptr = ctypes.c_void_p()
+                rc = lib.i8_input_order_new(self.perm.data_ptr(), self.n, ctypes.byref(ptr))
+                if rc == -3:
+                    raise ValueError(f"i8 gemm: the input permutation holds an index outside [0, {self.n})")
+                if rc:
+                    raise MemoryError("i8 gemm: out of memory for an input order's plan")
+                got = self._plans[id(lib)] = (lib, ptr.value)
+        return got[1]
+
+    def __del__(self) -> None:
+        for lib, ptr in getattr(self, "_plans", {}).values():
+            lib.i8_input_order_free(ptr)
+        self._plans = {}
+
+    def __reduce__(self):
+        return InputOrder, (self.perm,)
+
+
+def _describe(t) -> str:
+    return f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+
+
 def linear_args(w: I8Panels, outliers: I8Panels | None, n_outliers: int, n_in: int, bits: int, clip: float,
                 half: bool = False) -> tuple:
     """The weight half of ``i8_gemm_linear``'s arguments (:func:`linear`), built once per layer: they
@@ -189,27 +242,33 @@ def linear_args(w: I8Panels, outliers: I8Panels | None, n_outliers: int, n_in: i
             o.k_pad if o else 0, n_in, n, bits, clip, int(half))
 
 
-def linear(x: torch.Tensor, args: tuple, out: int, perm: torch.Tensor | None = None, keep_bf16: bool = False,
-           lib: ctypes.CDLL | None = None) -> torch.Tensor:
-    """``x [..., n_in]`` (read as ``x[..., perm]`` when perm is given) → ``[..., out]`` float32 (no
-    bias): activation codes, both exact products and the rescale in one C call, the same bits as
-    :func:`act_codes` then :func:`run_codes`. With ``keep_bf16`` a bfloat16 ``x`` gives bfloat16,
-    rounded in C as torch's ``.to(torch.bfloat16)`` rounds (no conversion pass in torch)."""
+def linear(x: torch.Tensor, args: tuple, out: int, perm: torch.Tensor | InputOrder | None = None,
+           keep_bf16: bool = False, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """``x [..., n_in]`` (read as ``x[..., perm]`` when perm is given: an :class:`InputOrder` planned
+    once, or int64 indices planned for this call) → ``[..., out]`` float32 (no bias): activation
+    codes, both exact products and the rescale in one C call, the same bits as :func:`act_codes`
+    then :func:`run_codes`. With ``keep_bf16`` a bfloat16 ``x`` gives bfloat16, rounded in C as
+    torch's ``.to(torch.bfloat16)`` rounds (no conversion pass in torch)."""
     lib = _built(lib)
     n_in, out_pad = args[11], args[4]
     if x.dim() == 0 or x.shape[-1] != n_in or not x.is_floating_point() or not x.is_cpu:
         raise ValueError(f"i8 gemm: needs a floating-point CPU tensor [..., {n_in}], got {x.dtype} {tuple(x.shape)}")
-    if perm is not None and (perm.dtype != torch.int64 or tuple(perm.shape) != (n_in,) or not perm.is_contiguous()
-                             or not perm.is_cpu):
-        raise ValueError(f"i8 gemm: the input permutation must be contiguous int64 [{n_in}] on the CPU")
+    if isinstance(perm, InputOrder):
+        if perm.n != n_in:
+            raise ValueError(f"i8 gemm: an input order of {perm.n} channels for a linear of {n_in} inputs")
+        entry, order = lib.i8_gemm_linear_ordered, perm.plan(lib)
+    else:
+        if perm is not None and (not isinstance(perm, torch.Tensor) or perm.dtype != torch.int64
+                                 or tuple(perm.shape) != (n_in,) or not perm.is_contiguous() or not perm.is_cpu):
+            raise ValueError(f"i8 gemm: the input permutation must be contiguous int64 [{n_in}] on the CPU")
+        entry, order = lib.i8_gemm_linear, None if perm is None else perm.data_ptr()
     if x.dtype != torch.bfloat16 and x.dtype != torch.float32:
         x = x.float()
     x = x.contiguous()
     bf16 = int(x.dtype == torch.bfloat16)
     y_bf16 = int(bf16 and keep_bf16)
     y = torch.empty(*x.shape[:-1], out_pad, dtype=torch.bfloat16 if y_bf16 else torch.float32)
-    rc = lib.i8_gemm_linear(*args, None if perm is None else perm.data_ptr(), x.data_ptr(), bf16, x.numel() // n_in,
-                            y.data_ptr(), y_bf16, torch.get_num_threads())
+    rc = entry(*args, order, x.data_ptr(), bf16, x.numel() // n_in, y.data_ptr(), y_bf16, torch.get_num_threads())
     if rc == -2:
         raise NonFiniteActivations()
     if rc == -3:
@@ -220,7 +279,7 @@ def linear(x: torch.Tensor, args: tuple, out: int, perm: torch.Tensor | None = N
 
 
 def linear_in_dtype(x: torch.Tensor, args: tuple, out: int, bias: torch.Tensor | None,
-                    perm: torch.Tensor | None = None) -> torch.Tensor:
+                    perm: torch.Tensor | InputOrder | None = None) -> torch.Tensor:
     """:func:`linear` returning x's dtype for float32 and bfloat16 (others: float32): bfloat16 rounded
     in C when there is no bias, else the bias added in float32 before torch's rounding."""
     y = linear(x, args, out, perm, keep_bf16=bias is None)

@@ -200,7 +200,12 @@ def _run_native(x: torch.Tensor, w: W4A4NativePrepared) -> torch.Tensor:
     return y + w.bias if w.bias is not None else y
 
 
-def run_gemm(x: torch.Tensor, w: W4A4GemmPrepared, perm: torch.Tensor | None = None) -> torch.Tensor:
+def input_order(perm: torch.Tensor) -> i8_gemm.InputOrder:
+    """``perm`` checked and planned once for :func:`run_gemm` (ValueError for an index outside the input)."""
+    return i8_gemm.InputOrder(perm)
+
+
+def run_gemm(x: torch.Tensor, w: W4A4GemmPrepared, perm: torch.Tensor | i8_gemm.InputOrder | None = None) -> torch.Tensor:
     """``x [..., in]`` (read as ``x[..., perm]`` when given) → ``[..., out]`` of x's dtype for
     float32 and bfloat16 (others: float32): codes, both exact products and their rescales in one C
     call (the bits of :func:`i8_gemm.act_codes` then :func:`i8_gemm.run_codes`), a bias added in

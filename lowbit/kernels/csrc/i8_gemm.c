@@ -379,46 +379,96 @@ void i8_round_bf16(const float *src, uint16_t *dst, int64_t n) { f32_to_bf16_row
 /* The integer kinds' activation codes (act_sym.h) for this library's callers. */
 ACT_SYM_EXPORT(i8_act_sym)
 
+/* A layer's input reorder, checked, narrowed to the gathers' int32 indices and planned
+ * (row_order.h) once, when the layer is prepared: a call through i8_gemm_linear_ordered then spends
+ * nothing on its permutation but the reorder itself (checking and planning 576-1536 indices took
+ * 2-6 us a call, as long as a whole one-token W4A4 product of the default model's o_proj). The plan
+ * is this build's (its vector width), so a caller keeps one per library. */
+struct i8_input_order {
+    struct row_order order;
+    int32_t *perm32;
+};
+
+void i8_input_order_free(void *p) {
+    struct i8_input_order *O = p;
+    if (!O) return;
+    row_order_free(&O->order);
+    free(O->perm32);
+    free(O);
+}
+
+/* *out = the plan of perm [n]; 0, -1 if out of memory, -3 if an index lies outside [0, n). */
+int i8_input_order_new(const int64_t *perm, int64_t n, void **out) {
+    *out = NULL;
+    if (n < 0 || n > INT32_MAX) return -3; /* the gathers take int32 indices */
+    struct i8_input_order *O = calloc(1, sizeof *O);
+    if (!O) return -1;
+    O->perm32 = malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    if (!O->perm32) {
+        free(O);
+        return -1;
+    }
+    for (int64_t j = 0; j < n; j++) { /* checked and narrowed in one pass */
+        if (perm[j] < 0 || perm[j] >= n) {
+            i8_input_order_free(O);
+            return -3;
+        }
+        O->perm32[j] = (int32_t)perm[j];
+    }
+    if (row_order_plan(&O->order, O->perm32, n)) {
+        i8_input_order_free(O);
+        return -1;
+    }
+    *out = O;
+    return 0;
+}
+
 /* One W8A8 / W4A4 linear, one crossing from Python (a decode step calls every layer): x [t, n_in]
- * float32 (x_bf16 = 0) or bfloat16 (1), read through perm when it is not NULL (x[:, perm], the
- * layer's input reorder: the same values, so the same codes), -> per-token codes as i8_act_sym
- * (n normal channels in ng groups of `group` padded to kp, the last n_in - n as INT8 outliers) ->
- * i8_gemm's products -> y [t, out] float32, or bfloat16 (y_bf16) rounded as torch's .to(bfloat16).
- * wo NULL: no outlier panels. Returns 0, -1 if out of memory, -2 if a token has a NaN or Inf, -3 if
- * perm holds an index outside [0, n_in). */
+ * float32 (x_bf16 = 0) or bfloat16 (1), read through `order` when it is not NULL (x[:, perm], the
+ * layer's input reorder, a plan of i8_input_order_new over n_in channels: the same values, so the
+ * same codes), -> per-token codes as i8_act_sym (n normal channels in ng groups of `group` padded to
+ * kp, the last n_in - n as INT8 outliers) -> i8_gemm's products -> y [t, out] float32, or bfloat16
+ * (y_bf16) rounded as torch's .to(bfloat16). wo NULL: no outlier panels. Returns 0, -1 if out of
+ * memory, -2 if a token has a NaN or Inf, -3 if the order is not one of n_in channels. */
+int i8_gemm_linear_ordered(const uint8_t *w, int nibbles, const float *sw, int32_t zero, int64_t out, int64_t kp,
+                           int64_t group, int64_t ng, const uint8_t *wo, const float *swo, int64_t kpo, int64_t n_in,
+                           int64_t n, int bits, float clip, int half, const void *order, const void *x, int x_bf16,
+                           int64_t t, void *y, int y_bf16, int threads) {
+    const struct i8_input_order *O = order;
+    if (O && O->order.n != n_in) return -3;
+    if (t <= 0) return 0;
+    const int64_t k = n_in - n;
+    const size_t esz = x_bf16 ? 2 : 4;
+    void *xg = O ? malloc((size_t)(t * n_in) * esz) : NULL;
+    int16_t *xq = malloc((size_t)(t * kp + t * k + 1) * sizeof(int16_t));
+    float *sx = malloc((size_t)(t * ng + t) * sizeof(float));
+    int32_t *xsum = malloc((size_t)(t * ng) * sizeof(int32_t));
+    int rc = -1;
+    if ((O && !xg) || !xq || !sx || !xsum) goto done;
+    int16_t *oq = xq + t * kp;
+    float *osx = sx + t * ng;
+    struct act_sym_job J = {.x = x, .bf16 = x_bf16, .bits = bits, .half = half, .order = O ? &O->order : NULL, .xg = xg,
+                            .t = t, .n_in = n_in, .n = n, .group = group, .ng = ng, .kp = kp, .block = PREP_TOKENS,
+                            .clip = clip, .xq = xq, .oq = oq, .sx = sx, .osx = osx, .xsum = xsum};
+    rc = i8_gemm_to(w, nibbles, sw, zero, out, kp, group, ng, xq, sx, t, k ? wo : NULL, swo, kpo, oq, k, osx, &J, y,
+                    y_bf16, threads);
+done:
+    free(xg), free(xq), free(sx), free(xsum);
+    return rc;
+}
+
+/* i8_gemm_linear_ordered with the reorder given as int64 indices perm [n_in] (or NULL), planned for
+ * this call alone; -3 if perm holds an index outside [0, n_in). */
 int i8_gemm_linear(const uint8_t *w, int nibbles, const float *sw, int32_t zero, int64_t out, int64_t kp,
                    int64_t group, int64_t ng, const uint8_t *wo, const float *swo, int64_t kpo, int64_t n_in,
                    int64_t n, int bits, float clip, int half, const int64_t *perm, const void *x, int x_bf16, int64_t t,
                    void *y, int y_bf16, int threads) {
     if (t <= 0) return 0;
-    if (perm && n_in > INT32_MAX) return -3; /* the gathers take int32 indices */
-    const int64_t k = n_in - n;
-    const size_t esz = x_bf16 ? 2 : 4;
-    void *xg = perm ? malloc((size_t)(t * n_in) * esz) : NULL;
-    int32_t *perm32 = perm ? malloc((size_t)n_in * sizeof(int32_t)) : NULL; /* the gathers' index width */
-    int16_t *xq = malloc((size_t)(t * kp + t * k + 1) * sizeof(int16_t));
-    float *sx = malloc((size_t)(t * ng + t) * sizeof(float));
-    int32_t *xsum = malloc((size_t)(t * ng) * sizeof(int32_t));
-    struct row_order order = {0};
-    int rc = -1;
-    if ((perm && (!xg || !perm32)) || !xq || !sx || !xsum) goto done;
-    for (int64_t j = 0; perm && j < n_in; j++) { /* checked and narrowed in one pass */
-        if (perm[j] < 0 || perm[j] >= n_in) {
-            rc = -3;
-            goto done;
-        }
-        perm32[j] = (int32_t)perm[j];
-    }
-    if (perm && row_order_plan(&order, perm32, n_in)) goto done;
-    int16_t *oq = xq + t * kp;
-    float *osx = sx + t * ng;
-    struct act_sym_job J = {.x = x, .bf16 = x_bf16, .bits = bits, .half = half, .order = perm ? &order : NULL, .xg = xg, .t = t,
-                            .n_in = n_in, .n = n, .group = group, .ng = ng, .kp = kp, .block = PREP_TOKENS,
-                            .clip = clip, .xq = xq, .oq = oq, .sx = sx, .osx = osx, .xsum = xsum};
-    rc = i8_gemm_to(w, nibbles, sw, zero, out, kp, group, ng, xq, sx, t, k ? wo : NULL, swo, kpo, oq, k, osx, &J, y,
-                    y_bf16, threads);
-done:
-    row_order_free(&order);
-    free(xg), free(perm32), free(xq), free(sx), free(xsum);
+    void *order = NULL;
+    int rc = perm ? i8_input_order_new(perm, n_in, &order) : 0;
+    if (!rc)
+        rc = i8_gemm_linear_ordered(w, nibbles, sw, zero, out, kp, group, ng, wo, swo, kpo, n_in, n, bits, clip, half,
+                                    order, x, x_bf16, t, y, y_bf16, threads);
+    i8_input_order_free(order);
     return rc;
 }

@@ -195,10 +195,12 @@ def test_every_shape_of_reorder_reads_the_permuted_input(n_in, dtype):
     x = (torch.randn(9, n_in) * 3).to(dtype)
     for name, perm in _orders(n_in).items():
         want = i8_gemm.linear(x.index_select(1, perm), st.args, 24, keep_bf16=True)
+        order = i8_gemm.InputOrder(perm)  # planned once, one plan per build
         for lib in (None, _portable()):
             for t in (1, 2, 9):
-                got = i8_gemm.linear(x[:t], st.args, 24, perm, keep_bf16=True, lib=lib)
-                assert torch.equal(got, want[:t]), (name, t, lib)
+                for given in (perm, order):
+                    got = i8_gemm.linear(x[:t], st.args, 24, given, keep_bf16=True, lib=lib)
+                    assert torch.equal(got, want[:t]), (name, t, lib, type(given).__name__)
 
 
 def test_a_permutation_index_outside_the_input_is_refused_by_the_c_call():
@@ -213,6 +215,49 @@ def test_a_permutation_index_outside_the_input_is_refused_by_the_c_call():
         for lib in (None, _portable()):
             with pytest.raises(ValueError, match=r"index outside \[0, 160\)"):
                 i8_gemm.linear(x, st.args, 32, perm, keep_bf16=True, lib=lib)
+
+
+def test_an_input_order_is_checked_when_planned_and_matched_to_the_linear():
+    """InputOrder checks its indices in C once, when a layer is prepared (ValueError, either bound,
+    this build and the portable one), refuses what is no 1-D integer tensor, and a call whose input
+    width is not the order's is refused before C reads through it."""
+    for bad in (160, -1):
+        perm = torch.randperm(160)
+        perm[7] = bad
+        for lib in (None, _portable()):
+            with pytest.raises(ValueError, match=r"index outside \[0, 160\)"):
+                i8_gemm.InputOrder(perm, lib=lib)
+    for wrong in (torch.rand(160), torch.arange(160).reshape(16, 10), [0, 1]):
+        with pytest.raises(ValueError, match="1-D integer tensor"):
+            i8_gemm.InputOrder(wrong)
+    p = from_float(torch.randn(32, 160), "w4a4", group=64, n_outliers=16, act_clip=0.9)
+    st = w4a4.prepare(p, "gemm")
+    with pytest.raises(ValueError, match="input order of 159 channels for a linear of 160 inputs"):
+        i8_gemm.linear(torch.randn(2, 160), st.args, 32, i8_gemm.InputOrder(torch.randperm(159)))
+
+
+def test_a_prepared_reorder_survives_copies_and_pickles():
+    """A prepared W4A4 linear with an input reorder holds its plan (a raw pointer in C): a deep copy
+    and a pickle round trip plan again, so they give the same bits after the original is gone
+    (a shared plan would be read after its free)."""
+    import copy
+    import gc
+    import pickle
+
+    from lowbit.kernels.dispatch import prepare
+
+    torch.manual_seed(9)
+    p = from_float(torch.randn(48, 200), "w4a4", group=64, n_outliers=8, act_clip=0.9)
+    perm = torch.randperm(200)
+    x = (torch.randn(5, 200) * 3).bfloat16()
+    prepared = prepare(p, "cpu", input_perm=perm)
+    want = prepared.batched(x)
+    assert torch.equal(want, prepare(p, "cpu").batched(x.index_select(1, perm)))
+    copies = [copy.deepcopy(prepared), pickle.loads(pickle.dumps(prepared))]
+    del prepared
+    gc.collect()
+    for c in copies:
+        assert torch.equal(c.batched(x), want)
 
 
 def test_bf16_output_of_amx_tiles_is_torch_rounding_of_the_float32_output():
