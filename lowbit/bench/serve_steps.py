@@ -80,4 +80,16 @@ def split(s0, s1, o0, o1, wall_s: float) -> dict:
         lin = o1["seconds"] - o0["seconds"]
         out |= {"linear_ms": 1e3 * lin / steps, "rest_ms": out["step_ms"] - 1e3 * lin / steps,
                 "linear_share": lin / wall_s if wall_s > 0 else None}
+        out["linear_by_tokens"] = by_tokens(o0.get("by_tokens", {}), o1.get("by_tokens", {}))
     return out
+
+
+def by_tokens(before: dict, after: dict) -> dict:
+    """The level's linear calls by their token count (:data:`lowbit.kernels.op_stats.TOKEN_RANGES`):
+    per range the calls, tokens and µs a call, to hold each range against the kernels alone."""
+    rows = {}
+    for name, (s1, c1, t1) in after.items():
+        s0, c0, t0 = before.get(name, (0.0, 0, 0))
+        if c1 > c0:
+            rows[name] = {"calls": c1 - c0, "tokens": t1 - t0, "us_per_call": 1e6 * (s1 - s0) / (c1 - c0)}
+    return rows

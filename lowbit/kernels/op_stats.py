@@ -1,5 +1,6 @@
-"""Totals of lowbit's linear op in one process (seconds inside it, calls, tokens, and the calls of
-the first handle registered, which a model's forward makes once), written as JSON to the file that
+"""Totals of lowbit's linear op in one process (seconds inside it, calls, tokens, the calls of the
+first handle registered, which a model's forward makes once, and seconds and calls by the call's
+token count, in the ranges of :data:`TOKEN_RANGES`), written as JSON to the file that
 ``LOWBIT_OP_STATS`` names, four times a second and at exit. ``lowbit bench serve`` reads it from a
 vLLM server's engine process to split a step into lowbit's linears and the rest: in a compiled
 graph the op's body still runs here, in Python, so it can time itself where nothing else can.
@@ -17,12 +18,23 @@ from lowbit.io.atomic import write_json
 
 ENV = "LOWBIT_OP_STATS"
 INTERVAL_S = 0.25
+# a call's token count -> its range: one decode token, batched decode, prompt chunks of growing size
+TOKEN_RANGES = ((1, 1), (2, 8), (9, 32), (33, 128), (129, 512), (513, None))
+
+
+def token_range(tokens: int) -> str:
+    """The name of the range ``tokens`` falls in (``"9-32"``, ``"1"``, ``"513+"``)."""
+    for lo, hi in TOKEN_RANGES:
+        if hi is None or tokens <= hi:
+            return f"{lo}+" if hi is None else (str(lo) if lo == hi else f"{lo}-{hi}")
+    raise AssertionError("the last range is open")
 
 
 class OpStats:
     def __init__(self, path: str) -> None:
         self.path = path
         self.seconds, self.calls, self.tokens, self.first_calls = 0.0, 0, 0, 0
+        self.by_tokens: dict[str, list] = {}  # range -> [seconds, calls, tokens]
         self.first: str | None = None  # the handle whose calls count forwards
         self._lock = threading.Lock()
         self._written = None
@@ -33,6 +45,10 @@ class OpStats:
             self.seconds += seconds
             self.calls += 1
             self.tokens += tokens
+            row = self.by_tokens.setdefault(token_range(tokens), [0.0, 0, 0])
+            row[0] += seconds
+            row[1] += 1
+            row[2] += tokens
             if self.first is None or _number(handle) < _number(self.first):
                 self.first, self.first_calls = handle, 0
             if handle == self.first:
@@ -47,7 +63,8 @@ class OpStats:
     def snapshot(self) -> dict:
         with self._lock:
             return {"pid": os.getpid(), "seconds": self.seconds, "calls": self.calls, "tokens": self.tokens,
-                    "forwards": self.first_calls, "first_handle": self.first}
+                    "forwards": self.first_calls, "first_handle": self.first,
+                    "by_tokens": {k: list(v) for k, v in self.by_tokens.items()}}
 
     def write(self) -> None:
         snap = self.snapshot()

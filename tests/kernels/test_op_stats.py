@@ -26,6 +26,9 @@ def test_the_op_times_itself_into_the_file_the_variable_names(tmp_path, monkeypa
     got = json.loads(path.read_text())
     assert got["calls"] == 8 and got["tokens"] == 8 * 15 and got["forwards"] == 4 and got["first_handle"] == a
     assert got["seconds"] > 0 and got == stats.snapshot()
+    assert set(got["by_tokens"]) == {"9-32"}  # every call here has 15 tokens
+    secs, calls, tokens = got["by_tokens"]["9-32"]
+    assert calls == 8 and tokens == 8 * 15 and abs(secs - got["seconds"]) < 1e-9
     ops.release(a), ops.release(b)
 
 
@@ -34,3 +37,8 @@ def test_off_unless_asked(monkeypatch):
     assert op_stats.from_env() is None
     monkeypatch.setenv(op_stats.ENV, "/some/where.json")
     assert op_stats.from_env().path == "/some/where.json"
+
+
+def test_token_ranges_cover_every_count_once():
+    names = [op_stats.token_range(t) for t in (1, 2, 8, 9, 32, 33, 128, 129, 512, 513, 10 ** 6)]
+    assert names == ["1", "2-8", "2-8", "9-32", "9-32", "33-128", "33-128", "129-512", "129-512", "513+", "513+"]
