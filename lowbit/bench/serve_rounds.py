@@ -9,11 +9,17 @@ from __future__ import annotations
 from typing import Callable
 
 
+# what each round keeps beside the median round's whole point, so that formats can be paired round by
+# round (the median rounds of two formats may be different rounds of a drifting machine)
+ROUND_FIELDS = ("output_tok_s", "step_ms", "linear_ms", "linear_by_tokens")
+
+
 def median_round(points: list[dict]) -> dict:
-    """The round whose output tok/s is the median (the lower middle of an even count), all rounds'
-    rates in ``rounds_output_tok_s`` in the order they ran."""
+    """The round whose output tok/s is the median (the lower middle of an even count), with every
+    round's rate, step time, linears' time and linears by token range in ``rounds_<field>`` lists
+    in the order they ran (None where a round has no such field)."""
     ranked = sorted(points, key=lambda p: p["output_tok_s"])
-    return {**ranked[(len(ranked) - 1) // 2], "rounds_output_tok_s": [p["output_tok_s"] for p in points]}
+    return {**ranked[(len(ranked) - 1) // 2], **{f"rounds_{f}": [p.get(f) for p in points] for f in ROUND_FIELDS}}
 
 
 def rotated(names: list[str], r: int) -> list[str]:

@@ -29,8 +29,11 @@ def test_each_level_takes_the_formats_in_turn_in_a_rotating_order():
 
 
 def test_the_median_round_is_kept_with_every_rate():
-    assert median_round([{"output_tok_s": 9.0, "x": 1}, {"output_tok_s": 3.0, "x": 2}, {"output_tok_s": 5.0, "x": 3}]) \
-        == {"output_tok_s": 5.0, "x": 3, "rounds_output_tok_s": [9.0, 3.0, 5.0]}
+    got = median_round([{"output_tok_s": 9.0, "x": 1}, {"output_tok_s": 3.0, "x": 2},
+                        {"output_tok_s": 5.0, "x": 3, "linear_ms": 7.0, "linear_by_tokens": {"1": {"calls": 4}}}])
+    assert got == {"output_tok_s": 5.0, "x": 3, "linear_ms": 7.0, "linear_by_tokens": {"1": {"calls": 4}},
+                   "rounds_output_tok_s": [9.0, 3.0, 5.0], "rounds_step_ms": [None, None, None],
+                   "rounds_linear_ms": [None, None, 7.0], "rounds_linear_by_tokens": [None, None, {"1": {"calls": 4}}]}
     # an even count: the lower middle, a round that ran (not an average of two)
     assert median_round([{"output_tok_s": 4.0}, {"output_tok_s": 2.0}])["output_tok_s"] == 2.0
 
