@@ -172,7 +172,11 @@ for _ in range(20):
             break  # no late region at all (omp: nothing is counted)
         time.sleep(3.3)  # the probes ran alone (a late pool's window, up to 3.2 s): wait it out, try again
         continue
-    if after[1] > late[1] and after[0] == late[0]:
+    # off the team: on the pool, or, on a machine so loaded that the pool's worker came late too
+    # within these rounds (seen in a full suite run beside the other test worker), on the caller
+    # alone, the level below (the --solo stage needs the pool, so it takes only that)
+    alone = after[4] > late[4] and "--solo" not in sys.argv
+    if after[0] == late[0] and (after[1] > late[1] or alone):
         ok = torch.equal(y0, y1)
         break
 if ok and "--solo" in sys.argv:
@@ -197,7 +201,8 @@ sys.exit(0 if ok else 1)
 def test_auto_leaves_a_team_that_came_late_for_the_pool():
     """LOWBIT_THREADS=auto: two regions in a row whose other thread finished long after the items ran
     out (here an item made to sleep 5 ms on it, as a descheduled thread would) send the next calls
-    to the pool, with the same bits; with omp nothing is counted."""
+    off the team (to the pool, or alone where the pool came late too), with the same bits; with omp
+    nothing is counted."""
     import subprocess
     import sys
 
