@@ -185,7 +185,8 @@ class InputOrder:
     Pickles and deep copies carry ``perm`` and plan again (a plan is a raw pointer)."""
 
     def __init__(self, perm: torch.Tensor, lib: ctypes.CDLL | None = None) -> None:
-        if not isinstance(perm, torch.Tensor) or perm.dim() != 1 or perm.dtype.is_floating_point or perm.is_complex():
+        if (not isinstance(perm, torch.Tensor) or perm.dim() != 1 or perm.dtype.is_floating_point or perm.is_complex()
+                or perm.dtype == torch.bool):
             raise ValueError(f"i8 gemm: an input order must be a 1-D integer tensor, got {_describe(perm)}")
         self.perm = perm.to(torch.int64, copy=True).cpu().contiguous()
         self.n = self.perm.numel()
@@ -204,7 +205,8 @@ class InputOrder:
                 ptr = ctypes.c_void_p()
                 rc = lib.i8_input_order_new(self.perm.data_ptr(), self.n, ctypes.byref(ptr))
                 if rc == -3:
-                    raise ValueError(f"i8 gemm: the input permutation holds an index outside [0, {self.n})")
+                    raise ValueError(f"i8 gemm: the input permutation holds an index outside [0, {self.n})"
+                                     + (" (more than 2^31 - 1 channels)" if self.n > 2 ** 31 - 1 else ""))
                 if rc:
                     raise MemoryError("i8 gemm: out of memory for an input order's plan")
                 got = self._plans[id(lib)] = (lib, ptr.value)
@@ -272,7 +274,8 @@ def linear(x: torch.Tensor, args: tuple, out: int, perm: torch.Tensor | InputOrd
     if rc == -2:
         raise NonFiniteActivations()
     if rc == -3:
-        raise ValueError(f"i8 gemm: the input permutation holds an index outside [0, {n_in})")
+        raise ValueError("i8 gemm: the input order's plan is not this build's" if isinstance(perm, InputOrder)
+                         else f"i8 gemm: the input permutation holds an index outside [0, {n_in})")
     if rc:
         raise MemoryError("i8 gemm: out of memory for its activation buffers")
     return y[..., :out] if out_pad != out else y

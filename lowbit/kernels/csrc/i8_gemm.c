@@ -304,6 +304,7 @@ static void int8_item(const void *ctx, int64_t item) {
  * were 0.95x). */
 #define PREP_TOKENS 32
 #define PREP_TOKENS_SMALL TOKENS_PER_ITEM
+_Static_assert(PREP_TOKENS % TOKENS_PER_ITEM == 0, "a prep item holds whole int8 items");
 struct prep_job {
     struct act_sym_job *S; /* NULL: the codes are given; else its block is set to `block` */
     struct int8_job I, O;  /* O: the outliers, when `outliers` */
@@ -391,6 +392,8 @@ ACT_SYM_EXPORT(i8_act_sym)
  * 2-6 us a call, as long as a whole one-token W4A4 product of the default model's o_proj). The plan
  * is this build's (its vector width), so a caller keeps one per library. */
 struct i8_input_order {
+    int step; /* the ROW_ORDER_STEP of the build that planned it, first (one offset in every build's
+               * layout): another build's plan is refused */
     struct row_order order;
     int32_t *perm32;
 };
@@ -409,6 +412,7 @@ int i8_input_order_new(const int64_t *perm, int64_t n, void **out) {
     if (n < 0 || n > INT32_MAX) return -3; /* the gathers take int32 indices */
     struct i8_input_order *O = calloc(1, sizeof *O);
     if (!O) return -1;
+    O->step = ROW_ORDER_STEP;
     O->perm32 = malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
     if (!O->perm32) {
         free(O);
@@ -441,7 +445,7 @@ int i8_gemm_linear_ordered(const uint8_t *w, int nibbles, const float *sw, int32
                            int64_t n, int bits, float clip, int half, const void *order, const void *x, int x_bf16,
                            int64_t t, void *y, int y_bf16, int threads) {
     const struct i8_input_order *O = order;
-    if (O && O->order.n != n_in) return -3;
+    if (O && (O->order.n != n_in || O->step != ROW_ORDER_STEP)) return -3;
     if (t <= 0) return 0;
     const int64_t k = n_in - n;
     const size_t esz = x_bf16 ? 2 : 4;

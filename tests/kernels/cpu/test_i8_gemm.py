@@ -227,13 +227,20 @@ def test_an_input_order_is_checked_when_planned_and_matched_to_the_linear():
         for lib in (None, _portable()):
             with pytest.raises(ValueError, match=r"index outside \[0, 160\)"):
                 i8_gemm.InputOrder(perm, lib=lib)
-    for wrong in (torch.rand(160), torch.arange(160).reshape(16, 10), [0, 1]):
+    for wrong in (torch.rand(160), torch.arange(160).reshape(16, 10), [0, 1], torch.ones(160, dtype=torch.bool)):
         with pytest.raises(ValueError, match="1-D integer tensor"):
             i8_gemm.InputOrder(wrong)
     p = from_float(torch.randn(32, 160), "w4a4", group=64, n_outliers=16, act_clip=0.9)
     st = w4a4.prepare(p, "gemm")
     with pytest.raises(ValueError, match="input order of 159 channels for a linear of 160 inputs"):
         i8_gemm.linear(torch.randn(2, 160), st.args, 32, i8_gemm.InputOrder(torch.randperm(159)))
+    # a plan is its build's (its vector width): the C of another build refuses it (-3), never reads it
+    order, best, portable = i8_gemm.InputOrder(torch.randperm(160)), i8_gemm.library(), _portable()
+    if i8_gemm.simd(best):
+        x = torch.randn(2, 160)
+        y = torch.empty(2, 32)
+        rc = portable.i8_gemm_linear_ordered(*st.args, order.plan(best), x.data_ptr(), 0, 2, y.data_ptr(), 0, 1)
+        assert rc == -3
 
 
 def test_a_prepared_reorder_survives_copies_and_pickles():
@@ -250,11 +257,14 @@ def test_a_prepared_reorder_survives_copies_and_pickles():
     p = from_float(torch.randn(48, 200), "w4a4", group=64, n_outliers=8, act_clip=0.9)
     perm = torch.randperm(200)
     x = (torch.randn(5, 200) * 3).bfloat16()
-    prepared = prepare(p, "cpu", input_perm=perm)
+    prepared = prepare(p, "cpu", cpu_method="gemm", input_perm=perm)
     want = prepared.batched(x)
-    assert torch.equal(want, prepare(p, "cpu").batched(x.index_select(1, perm)))
+    assert torch.equal(want, prepare(p, "cpu", cpu_method="gemm").batched(x.index_select(1, perm)))
     copies = [copy.deepcopy(prepared), pickle.loads(pickle.dumps(prepared))]
-    del prepared
+    orders = [c._direct.keywords["perm"] for c in (prepared, *copies)]  # each its own plan in C
+    assert all(isinstance(o, i8_gemm.InputOrder) for o in orders)
+    assert len({o.plan(i8_gemm.library()) for o in orders}) == 3
+    del prepared, orders
     gc.collect()
     for c in copies:
         assert torch.equal(c.batched(x), want)
