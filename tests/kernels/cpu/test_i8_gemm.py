@@ -217,6 +217,23 @@ def test_a_permutation_index_outside_the_input_is_refused_by_the_c_call():
                 i8_gemm.linear(x, st.args, 32, perm, keep_bf16=True, lib=lib)
 
 
+@pytest.mark.parametrize("t", [9, 16, 17, 31, 32, 33])
+def test_short_calls_share_their_passes_out_with_the_same_bits(t):
+    """Calls of 9-32 tokens run their per-token passes (codes, reorder, int8 form) in items of 8
+    tokens over the threads, larger calls in items of 32: every token's codes are written by the
+    item that converts them, so the bits are those of the portable build for 1-4 threads, repeated
+    (a mismatch of the two passes' blocks is a race that a single call may not show)."""
+    torch.manual_seed(t)
+    p = from_float(torch.randn(48, 576), "w4a4", group=128, n_outliers=64, act_clip=0.9)
+    st = w4a4.prepare(p, "gemm")
+    order = i8_gemm.InputOrder(_orders(576)["outliers 13"])
+    x = (torch.randn(t, 576) * 3).bfloat16()
+    want = i8_gemm.linear(x, st.args, 48, order, keep_bf16=True, lib=_portable())
+    for _ in range(5):
+        assert_same_for_thread_counts(lambda: i8_gemm.linear(x, st.args, 48, order, keep_bf16=True), want,
+                                      counts=(1, 2, 3, 4))
+
+
 def test_an_input_order_is_checked_when_planned_and_matched_to_the_linear():
     """InputOrder checks its indices in C once, when a layer is prepared (ValueError, either bound,
     this build and the portable one), refuses what is no 1-D integer tensor, and a call whose input
