@@ -13,9 +13,7 @@ import json
 import statistics
 import sys
 
-from lowbit.kernels.op_stats import TOKEN_RANGES, token_range
-
-RANGES = [token_range(lo) for lo, _ in TOKEN_RANGES]
+from lowbit.kernels.op_stats import RANGE_NAMES
 
 
 def _ms(ranges: dict) -> float:
@@ -37,7 +35,7 @@ def main() -> None:
         print(f"concurrency {c}: {second} / {first} output tok/s by round {[round(r, 2) for r in rate]} "
               f"(median {statistics.median(rate):.2f}x), linears' ms a step {[round(r, 2) for r in lin]} "
               f"(median {statistics.median(lin):.2f}x)")
-        for k in RANGES:
+        for k in RANGE_NAMES:
             pairs = [(ra[k], rb[k], ra, rb) for ra, rb in zip(a["rounds_linear_by_tokens"], b["rounds_linear_by_tokens"])
                      if ra and rb and k in ra and k in rb]
             if not pairs:

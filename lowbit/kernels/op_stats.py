@@ -22,11 +22,15 @@ INTERVAL_S = 0.25
 TOKEN_RANGES = ((1, 1), (2, 8), (9, 32), (33, 128), (129, 512), (513, None))
 
 
+# each range's name (``"9-32"``, ``"1"``, ``"513+"``), made once: the lookup runs in every timed call
+RANGE_NAMES = tuple(f"{lo}+" if hi is None else (str(lo) if lo == hi else f"{lo}-{hi}") for lo, hi in TOKEN_RANGES)
+
+
 def token_range(tokens: int) -> str:
-    """The name of the range ``tokens`` falls in (``"9-32"``, ``"1"``, ``"513+"``)."""
-    for lo, hi in TOKEN_RANGES:
+    """The name of the range ``tokens`` falls in."""
+    for (_, hi), name in zip(TOKEN_RANGES, RANGE_NAMES):
         if hi is None or tokens <= hi:
-            return f"{lo}+" if hi is None else (str(lo) if lo == hi else f"{lo}-{hi}")
+            return name
     raise AssertionError("the last range is open")
 
 
