@@ -81,7 +81,9 @@ class PreparedLinear:
                 raise ValueError(f"input_perm must be integer [{self.in_features}], got {perm.dtype} {tuple(perm.shape)}")
             if self.in_features and not (0 <= int(perm.min()) and int(perm.max()) < self.in_features):
                 raise ValueError(f"input_perm holds indices outside [0, {self.in_features})")
-            self.input_perm = perm.to(torch.int64).contiguous()
+            # a copy of its own: the native order below is planned from these values once, so an
+            # edit of the caller's tensor must not reach __call__ (which gathers through this one)
+            self.input_perm = perm.to(torch.int64, copy=True).contiguous()
         # the native kernels take [..., in] in float32 or bf16 as they are (one call, no reshapes)
         self._direct, self._gathers = None, False
         if self.kind in ("w4a16", "w8a16") and isinstance(self.state, a16_gemm.A16Panels):

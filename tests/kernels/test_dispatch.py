@@ -82,3 +82,16 @@ def test_input_perm_is_checked_once():
         prepare(p, input_perm=torch.arange(64) + 1)
     with pytest.raises(ValueError, match="integer"):
         prepare(p, input_perm=torch.arange(32))
+
+
+def test_input_perm_is_kept_apart_from_the_callers_tensor():
+    """The W4A4 gemm plans its native order from the permutation once; the prepared linear keeps a
+    copy, so an edit of the caller's tensor afterwards changes neither form of the call."""
+    torch.manual_seed(4)
+    p = from_float(torch.randn(40, 256), "w4a4", n_outliers=16)
+    perm = torch.randperm(256)
+    pl = prepare(p, cpu_method="gemm", input_perm=perm)
+    x = torch.randn(3, 256)
+    want = prepare(p, cpu_method="gemm")(x.index_select(1, perm.clone()))
+    perm.copy_(torch.arange(256))
+    assert torch.equal(pl(x), want) and torch.equal(pl.batched(x), want)

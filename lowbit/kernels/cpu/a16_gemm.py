@@ -21,6 +21,8 @@ scales and zero points per (row, group) as ``[out/16, groups, 16]``.
 from __future__ import annotations
 
 import ctypes
+import functools
+import os
 import threading
 from dataclasses import dataclass
 
@@ -198,11 +200,31 @@ def prepare_w8(codes: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | No
                      kp, out, bias)
 
 
+# oneDNN's ISA caps (ONEDNN_MAX_CPU_ISA) under which its matmuls may use bfloat16 dot products
+_ONEDNN_BF16_CAPS = ("ALL", "DEFAULT", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX",
+                     "AVX512_CORE_AMX_FP16", "AVX10_1_512", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16",
+                     "AVX10_2_512", "AVX10_2_512_AMX_2")
+
+
+@functools.lru_cache(maxsize=None)
 def bf16_matmul_native() -> bool:
-    """Whether this CPU multiplies bfloat16 in hardware (AMX-BF16 or AVX512_BF16), so that torch's
-    bfloat16 matmul outruns the integer tiles on many tokens."""
+    """Whether torch's bfloat16 matmul multiplies in hardware here (AMX-BF16 or AVX512_BF16, and
+    oneDNN allowed to use them), so that it outruns the integer tiles on many tokens. Capping oneDNN
+    below them (``ONEDNN_MAX_CPU_ISA=AVX2``, as when an AVX2-only CPU is imitated) leaves torch's
+    bfloat16 emulated, 7-9x slower than the tiles at 512 tokens, so the tiles run."""
     f = cpu_info()["features"]
-    return bool(f.get("amx_bf16") or f.get("avx512_bf16"))
+    if not (f.get("amx_bf16") or f.get("avx512_bf16")):
+        return False
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", "ALL")).strip().upper() or "ALL"
+    return cap in _ONEDNN_BF16_CAPS and _torch_onednn_bf16()
+
+
+def _torch_onednn_bf16() -> bool:
+    """torch's own answer (read once per process, with oneDNN's cap as it was then)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch built without oneDNN
+        return False
 
 
 def dequantize_bf16(w: A16Panels, lib: ctypes.CDLL | None = None, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -168,6 +168,27 @@ def test_many_bf16_tokens_run_the_bf16_matmul(kind, monkeypatch):
         a16_gemm.run(torch.randn(t, 300).bfloat16(), st)
 
 
+@pytest.mark.parametrize("cap,allowed", [("AVX2", False), ("avx512_core", False), ("AVX512_CORE_BF16", True),
+                                         ("ALL", True), ("", True)])
+def test_bf16_matmul_is_not_native_under_a_onednn_cap_below_bf16(cap, allowed, monkeypatch):
+    """torch's bfloat16 matmul counts as native only where the CPU has bfloat16 products and oneDNN
+    may use them: capped below (an AVX2-only CPU imitated) the exact int16 tiles keep the big calls."""
+    # torch's own answer is stubbed: torch reads the cap once per process, and oneDNN takes it when
+    # it starts, so the real call under a changed cap would cap every later test of this worker
+    monkeypatch.setattr(a16_gemm, "_torch_onednn_bf16", lambda: True)
+    monkeypatch.setattr(a16_gemm, "cpu_info", lambda: {"features": {"avx512_bf16": True}})
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    a16_gemm.bf16_matmul_native.cache_clear()
+    try:
+        assert a16_gemm.bf16_matmul_native() == allowed
+        monkeypatch.setattr(a16_gemm, "cpu_info", lambda: {"features": {"avx2": True}})
+        a16_gemm.bf16_matmul_native.cache_clear()
+        assert not a16_gemm.bf16_matmul_native()  # no bfloat16 products at all
+    finally:
+        monkeypatch.undo()
+        a16_gemm.bf16_matmul_native.cache_clear()
+
+
 def test_bf16_matmul_reuses_one_weight_buffer_across_shapes(monkeypatch):
     """The matmul path unpacks every weight into one per-thread buffer (grown to the largest): layers
     of different shapes called in turn, a smaller one after a larger, each give their own product;
