@@ -3,12 +3,12 @@ weight, then one float32 rescale by activation scale x weight scale.
 
 Four ways to the exact int32 product (bit-identical results, tested):
 
-- ``gemm`` (default where its build has a VNNI dot product): lowbit's batched
+- ``gemm`` (the default where :func:`gemm_is_default` says so): lowbit's batched
   int8 kernel (:mod:`.i8_gemm`, ``vpdpbusd`` over tiles of 6 tokens x 32 rows; AMX-INT8 tiles from
   8 tokens where the build has them), faster than the
   GEMV below from batch 1 on (4096², AVX-512 VNNI, loaded: 0.61 against 1.57 ms at batch 1, 11.5
-  against 43 ms at 64). Without VNNI its exact byte products need two ``vpmaddubsw`` per vector
-  and lose to the GEMV from 8 tokens, so the GEMV stays the default there.
+  against 43 ms at 64). Without VNNI it multiplies int16 pairs (``vpmaddwd``): ahead of the GEMV
+  at every batch on AVX-512 builds, and on AVX2 builds for layers of 4096 inputs or more.
 - ``native`` (default where it builds): lowbit's C kernel (:mod:`.w8_gemv`), the weight
   kept as 1-byte codes, int32 sums of sign-extended products; faster than ``float`` at every
   batch measured on an AVX2 CPU (3.3x at batch 1, 1.3x at 512 on 4096²). On CPUs with AMX-INT8,
@@ -59,14 +59,24 @@ class W8A8Prepared:
     method: str = "float"
 
 
-def gemm_is_default() -> bool:
-    """The batched kernel wins here at every batch: its build has VNNI (odd :func:`i8_gemm.simd`),
-    AMX CPUs included (there its AMX tiles take calls from 8 tokens). Measured on an AMX Xeon, one
-    thread, quiet (``lowbit bench gemm --threads 1``), against the GEMV with ``_int_mm`` from 8
-    tokens: 576x960 0.135 vs 0.220 ms at 1 token, 0.259 vs 0.453 at 64; 576x3072 0.249 vs 0.386,
-    0.670 vs 1.243; 4096² 1.88 vs 2.17, 6.80 vs 9.10 (stop 30's loss at 1-2 tokens on 4096² did not
-    repeat)."""
-    return i8_gemm.simd() % 2 == 1
+GEMM_MIN_IN_AVX2 = 4096
+
+
+def gemm_is_default(n_in: int = 0) -> bool:
+    """Whether the batched kernel wins here at every batch for a layer of ``n_in`` inputs.
+
+    * Its build has VNNI (odd :func:`i8_gemm.simd`), AMX CPUs included (there its AMX tiles take
+      calls from 8 tokens). Measured on an AMX Xeon, one thread, quiet, against the GEMV with
+      ``_int_mm`` from 8 tokens: 576x960 0.135 vs 0.220 ms at 1 token, 0.259 vs 0.453 at 64;
+      576x3072 0.249 vs 0.386, 0.670 vs 1.243; 4096² 1.88 vs 2.17, 6.80 vs 9.10.
+    * AVX-512 without VNNI (int16 pairs): 1.16-1.90x the GEMV at 1-512 tokens on 4096², 576x3072
+      and 1536x576 (the Zen 4 running that build, stop 54).
+    * AVX2, from :data:`GEMM_MIN_IN_AVX2` inputs: 0.97-1.30x at 1-512 tokens on 4096², 4096x11008
+      and 11008x4096; on the default model's 576- and 1536-wide layers it leads up to 32 tokens and
+      trails by 8-21 % from 64, where the GEMV's 4-token tiles find the small weight in L2, so
+      those keep the GEMV."""
+    level = i8_gemm.simd()
+    return level % 2 == 1 or level == 512 or (level == 256 and n_in >= GEMM_MIN_IN_AVX2)
 
 
 @dataclass
@@ -94,7 +104,7 @@ def prepare(p: LinearParams, method: str | None = None):
     """The layout of ``method`` (None: ``gemm`` where :func:`gemm_is_default`, else ``native`` where
     it builds, else ``float``)."""
     p.check()
-    default = "gemm" if gemm_is_default() else "native" if w8_gemv.available() else "float"
+    default = "gemm" if gemm_is_default(p.codes.shape[1]) else "native" if w8_gemv.available() else "float"
     method = pick_method(method or default, METHODS, "w8a8")
     if p.kind != "w8a8" or p.act is None or p.act.group != 0:
         raise KernelError("cpu w8a8 kernel needs per-token INT8 activations (group 0)")

@@ -17,10 +17,10 @@
  * and an optional INT8 outlier part (its own panels, one group): f = f + fma(float(P_o), s_o * sx_o, 0)
  * (what w4a4.py adds after the 8-bit GEMV). So the same bits as those kernels and the portable build.
  *
- * Builds: AVX-512 VNNI (zmm vpdpbusd); AVX-512 BW without VNNI and AVX2 use vpmaddubsw + vpmaddwd,
- * exact because vpmaddubsw's int16 pair sums cannot saturate for 4-bit u (2 * 15 * 128 < 2^15) and
- * 8-bit u is split into two nibbles (sum(u x) = 16 sum(u_hi x) + sum(u_lo x)); AVX-VNNI (ymm
- * vpdpbusd); the portable C loop. AMX-INT8 builds run tiles from 8 tokens (INT8 panels) or 48 (4-bit)
+ * Builds: AVX-512 VNNI (zmm vpdpbusd); AVX-512 BW without VNNI and AVX2 use vpmaddubsw + vpmaddwd
+ * for 4-bit u, exact because its int16 pair sums cannot saturate (2 * 15 * 128 < 2^15), and for
+ * 8-bit panels int16 pairs (BYTES16 below: sign-extended codes u - 128 against the activations
+ * widened to int16 once per call, vpmaddwd); AVX-VNNI (ymm vpdpbusd); the portable C loop. AMX-INT8 builds run tiles from 8 tokens (INT8 panels) or 48 (4-bit)
  * on (i8_amx.h): the same integers. Threads: the work pool (work_pool.h) over tiles of rows, and over
  * blocks of tokens for the activation passes.
  */
@@ -45,7 +45,8 @@ struct i8_args {
     int nibbles;
     const int8_t *x;    /* [t, kp] */
     const float *sx;    /* [t, ng] */
-    const int32_t *zx;  /* [t, ng]: zero * sum of the group's codes */
+    const int32_t *zx;  /* [t, ng]: zero * sum of the group's codes (BYTES16 byte panels: (zero - 128) *) */
+    const int16_t *x16, *xo16; /* BYTES16: x and xo as int16 pairs (to_int8); else NULL */
     /* optional INT8 outliers (wo NULL: none): byte panels [out / 16, kpo / 4, 16, 4], zero 128 */
     const uint8_t *wo;
     const float *swo;   /* [out / 16, 16] */
@@ -98,13 +99,28 @@ static inline __attribute__((always_inline)) vf_t mul_at(vf_t v, const float *p)
 #endif
 #else /* vpmaddubsw pair sums: |2 * 15 * 128| < 2^15, never saturated */
 #define DOT_SMALL(acc, u, x) VADD32((acc), VMADDUBS((u), (x)))
-#define DOT_BYTE(acc, u, x) VADD32((acc), VADD32(VSLL4(VMADDUBS(VSHR4(u), (x))), VMADDUBS(VMASK4(u), (x))))
+/* Byte panels as int16 pairs: per 32-bit lane (one row, channels 0-3) c = u ^ 0x80 = u - 128 as
+ * signed bytes; their even bytes sign-extended (c0, c2) and odd ones (c1, c3) are two vpmaddwd
+ * operands against the activations' (x0, x2) and (x1, x3), which to_int8 lays out once per call. 4
+ * operations per token and vector instead of the nibble split's 7 (2 vpmaddubsw, 2 vpmaddwd, a shift,
+ * 2 adds); sum((u - 128) x) is the same integer, so zx carries (zero - 128) * sum(x). */
+#define BYTES16 1
+#if I8_SIMD == 512
+#define VFLIP(v) _mm512_xor_si512((v), _mm512_set1_epi8((char)0x80))
+#define VEVEN16(v) _mm512_srai_epi16(_mm512_slli_epi16((v), 8), 8)
+#define VODD16(v) _mm512_srai_epi16((v), 8)
+#else
+#define VFLIP(v) _mm256_xor_si256((v), _mm256_set1_epi8((char)0x80))
+#define VEVEN16(v) _mm256_srai_epi16(_mm256_slli_epi16((v), 8), 8)
+#define VODD16(v) _mm256_srai_epi16((v), 8)
+#endif
 #endif
 
 /* The exact products of mr tokens x nv vectors of rows over channels [a, b), into acc. */
 static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV], const uint8_t *w, int nibbles,
-                                                           int64_t kp, const int8_t *x, int64_t xstride, int64_t r0,
-                                                           int64_t a, int64_t b, const int mr, const int nv) {
+                                                           int64_t kp, const int8_t *x, const int16_t *x16,
+                                                           int64_t xstride, int64_t r0, int64_t a, int64_t b,
+                                                           const int mr, const int nv) {
     for (int m = 0; m < mr; m++)
         for (int v = 0; v < nv; v++) acc[m][v] = VZERO();
     if (nibbles) {
@@ -135,6 +151,23 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV], con
 #endif
         }
     } else {
+#ifdef BYTES16
+        (void)x;
+        for (int64_t k = a; k < b; k += 4) {
+            vi_t ev[NV], ov[NV];
+            for (int v = 0; v < nv; v++) {
+                const uint8_t *p = w + panel_at(r0 + v * VL, k, kp, 0);
+                PANEL_PREFETCH(p);
+                vi_t c = VFLIP(VLOAD(p));
+                ev[v] = VEVEN16(c), ov[v] = VODD16(c);
+            }
+            for (int m = 0; m < mr; m++) {
+                vi_t xe = VBCAST32(x16 + m * xstride + k), xo = VBCAST32(x16 + m * xstride + k + 2);
+                for (int v = 0; v < nv; v++) acc[m][v] = VADD32(VADD32(acc[m][v], VMADDWD(ev[v], xe)), VMADDWD(ov[v], xo));
+            }
+        }
+#else
+        (void)x16;
         for (int64_t k = a; k < b; k += 4) {
             vi_t wv[NV];
             for (int v = 0; v < nv; v++) {
@@ -152,6 +185,7 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV], con
             }
 #endif
         }
+#endif
     }
 }
 
@@ -165,7 +199,8 @@ static inline __attribute__((always_inline)) void tile(const struct i8_args *A, 
         for (int v = 0; v < nv; v++) f[m][v] = FZERO();
     for (int64_t g = 0; g < ng; g++) {
         int64_t a = g * A->group, b = a + A->group < A->kp ? a + A->group : A->kp;
-        dot_tile(acc, A->w, A->nibbles, A->kp, A->x + i0 * A->kp, A->kp, r0, a, b, mr, nv);
+        dot_tile(acc, A->w, A->nibbles, A->kp, A->x + i0 * A->kp, A->x16 ? A->x16 + i0 * A->kp : NULL, A->kp, r0, a,
+                 b, mr, nv);
         for (int v = 0; v < nv; v++) {
             int64_t r = r0 + v * VL;
             vf_t swv = FLOAD(A->sw + ((r / PANEL) * ng + g) * PANEL + r % PANEL);
@@ -181,7 +216,8 @@ static inline __attribute__((always_inline)) void tile(const struct i8_args *A, 
         }
     }
     if (A->wo) {
-        dot_tile(acc, A->wo, 0, A->kpo, A->xo + i0 * A->kpo, A->kpo, r0, 0, A->kpo, mr, nv);
+        dot_tile(acc, A->wo, 0, A->kpo, A->xo + i0 * A->kpo, A->xo16 ? A->xo16 + i0 * A->kpo : NULL, A->kpo, r0, 0,
+                 A->kpo, mr, nv);
         for (int v = 0; v < nv; v++) {
             int64_t r = r0 + v * VL;
             vf_t swv = FLOAD(A->swo + r);
@@ -259,13 +295,19 @@ int i8_gemm_amx(void) {
 #endif
 }
 
-/* int16 codes [t, n] (row stride ns) -> int8 [t, kp] zero padded; zx [t, ng] = zero * each group's sum. */
+/* int16 codes [t, n] (row stride ns) -> int8 [t, kp] zero padded; zx [t, ng] = zero * each group's sum;
+ * with x16 (BYTES16 byte panels) also the int16 pairs [t, kp]: per 4 channels x0, x2, x1, x3. */
 static void to_int8(const int16_t *q, int64_t ns, int64_t t, int64_t n, int64_t kp, int64_t group, int64_t ng,
-                    int32_t zero, int8_t *x, int32_t *zx) {
+                    int32_t zero, int8_t *x, int32_t *zx, int16_t *x16) {
     for (int64_t i = 0; i < t; i++) {
         int8_t *xr = x + i * kp;
         for (int64_t k = 0; k < n; k++) xr[k] = (int8_t)q[i * ns + k];
         for (int64_t k = n; k < kp; k++) xr[k] = 0;
+        if (x16)
+            for (int64_t k = 0; k < kp; k += 4) {
+                int16_t *o = x16 + i * kp + k;
+                o[0] = xr[k], o[1] = xr[k + 2], o[2] = xr[k + 1], o[3] = xr[k + 3];
+            }
         for (int64_t g = 0; g < ng; g++) {
             int64_t a = g * group, b = a + group < kp ? a + group : kp;
             uint32_t s = 0;
@@ -285,13 +327,14 @@ struct int8_job {
     int32_t zero;
     int8_t *x;
     int32_t *zx;
+    int16_t *x16; /* NULL: no int16 pairs */
 };
 
 static void int8_item(const void *ctx, int64_t item) {
     const struct int8_job *J = ctx;
     const int64_t i0 = item * TOKENS_PER_ITEM, cnt = J->t - i0 < TOKENS_PER_ITEM ? J->t - i0 : TOKENS_PER_ITEM;
     to_int8(J->q + i0 * J->ns, J->ns, cnt, J->n, J->kp, J->group, J->ng, J->zero, J->x + i0 * J->kp,
-            J->zx + i0 * J->ng);
+            J->zx + i0 * J->ng, J->x16 ? J->x16 + i0 * J->kp : NULL);
 }
 
 /* The per-token passes of one call fused into items of `block` tokens: the codes (act_sym.h) where
@@ -342,18 +385,27 @@ static int i8_gemm_to(const uint8_t *w, int nibbles, const float *sw, int32_t ze
                       const float *swo, int64_t kpo, const int16_t *xo, int64_t ko, const float *sxo,
                       struct act_sym_job *S, void *y, int y_bf16, int threads) {
     if (t <= 0) return 0;
+#ifdef BYTES16
+    const int pairs = 1; /* byte panels (INT8 weights, outliers) as int16 pairs: see BYTES16 */
+#else
+    const int pairs = 0;
+#endif
+    const int64_t n16 = pairs ? (nibbles ? 0 : t * kp) + (wo ? t * kpo : 0) : 0;
     int8_t *x = malloc((size_t)(t * kp) + (size_t)(wo ? t * kpo : 0) + 64);
     int32_t *zx = malloc((size_t)(t * ng + t) * sizeof(int32_t));
-    if (!x || !zx) {
-        free(x), free(zx);
+    int16_t *x16 = n16 ? malloc((size_t)n16 * sizeof(int16_t)) : NULL;
+    if (!x || !zx || (n16 && !x16)) {
+        free(x), free(zx), free(x16);
         return -1;
     }
-    struct prep_job P = {.S = S, .I = {xq, t, kp, kp, kp, group, ng, zero, x, zx}, .outliers = wo != NULL, .t = t,
-                         .block = t <= PREP_TOKENS ? PREP_TOKENS_SMALL : PREP_TOKENS};
-    struct i8_args A = {w, sw, out, kp, group, ng, t, zero, nibbles, x, sx, zx, NULL, NULL, 0, NULL, NULL, NULL, y, y_bf16};
+    int16_t *xm16 = pairs && !nibbles ? x16 : NULL, *xo16 = pairs && wo ? x16 + (nibbles ? 0 : t * kp) : NULL;
+    struct prep_job P = {.S = S, .I = {xq, t, kp, kp, kp, group, ng, xm16 ? zero - 128 : zero, x, zx, xm16},
+                         .outliers = wo != NULL, .t = t, .block = t <= PREP_TOKENS ? PREP_TOKENS_SMALL : PREP_TOKENS};
+    struct i8_args A = {w, sw, out, kp, group, ng, t, zero, nibbles, x, sx, zx, xm16, NULL, NULL, NULL, 0, NULL, NULL,
+                        NULL, y, y_bf16};
     if (wo) {
-        P.O = (struct int8_job){xo, t, ko, ko, kpo, kpo, 1, 128, x + t * kp, zx + t * ng};
-        A.wo = wo, A.swo = swo, A.kpo = kpo, A.xo = x + t * kp, A.sxo = sxo, A.zxo = zx + t * ng;
+        P.O = (struct int8_job){xo, t, ko, ko, kpo, kpo, 1, xo16 ? 0 : 128, x + t * kp, zx + t * ng, xo16};
+        A.wo = wo, A.swo = swo, A.kpo = kpo, A.xo = x + t * kp, A.sxo = sxo, A.zxo = zx + t * ng, A.xo16 = xo16;
     }
 #if I8_AMX
     struct amx_args M;
@@ -368,7 +420,7 @@ static int i8_gemm_to(const uint8_t *w, int nibbles, const float *sw, int32_t ze
     if (P.amx && !bad) amx_finish(&M, threads);
 #endif
     if (!P.amx && !bad) pool_run(i8_item, &A, (out + I8_ROWS_PER_ITEM - 1) / I8_ROWS_PER_ITEM, threads);
-    free(x), free(zx);
+    free(x), free(zx), free(x16);
     return bad ? -2 : 0;
 }
 

@@ -374,3 +374,14 @@ def test_pack_refuses_groups_the_kernel_cannot_step_over(bits, group, k_pad, ng)
     codes = torch.randint(-7, 7, (16, min(k_pad, 64)))
     with pytest.raises(ValueError, match="i8 gemm"):
         i8_gemm.pack(codes, torch.rand(16, ng), bits, group, k_pad)
+
+
+@pytest.mark.parametrize("level,narrow,wide", [(0, "native", "native"), (256, "native", "gemm"), (257, "gemm", "gemm"),
+                                               (512, "gemm", "gemm"), (513, "gemm", "gemm")])
+def test_w8a8_default_method_by_build_and_width(level, narrow, wide, monkeypatch):
+    """W8A8's default: the batched kernel on VNNI and AVX-512 builds; on AVX2 builds only from
+    GEMM_MIN_IN_AVX2 inputs (the GEMV leads narrower layers from 64 tokens); the GEMV elsewhere."""
+    monkeypatch.setattr(i8_gemm, "simd", lambda lib=None: level)
+    for n_in, want in ((576, narrow), (w8a8.GEMM_MIN_IN_AVX2 - 4, narrow), (w8a8.GEMM_MIN_IN_AVX2, wide)):
+        p = from_float(torch.randn(16, n_in), "w8a8")
+        assert w8a8.prepare(p).method == want, (level, n_in)
