@@ -9,7 +9,7 @@ Four ways to the exact int32 product (bit-identical results, tested):
   GEMV below from batch 1 on (4096², AVX-512 VNNI, loaded: 0.61 against 1.57 ms at batch 1, 11.5
   against 43 ms at 64). Without VNNI it multiplies int16 pairs (``vpmaddwd``): ahead of the GEMV
   at every batch on AVX-512 builds, and on AVX2 builds for layers of 4096 inputs or more.
-- ``native`` (default where it builds): lowbit's C kernel (:mod:`.w8_gemv`), the weight
+- ``native`` (the default elsewhere, where it builds): lowbit's C kernel (:mod:`.w8_gemv`), the weight
   kept as 1-byte codes, int32 sums of sign-extended products; faster than ``float`` at every
   batch measured on an AVX2 CPU (3.3x at batch 1, 1.3x at 512 on 4096²). On CPUs with AMX-INT8,
   calls of :data:`INT_MM_MIN_TOKENS` tokens or more run ``torch._int_mm`` on the same bytes
@@ -69,12 +69,12 @@ def gemm_is_default(n_in: int = 0) -> bool:
       calls from 8 tokens). Measured on an AMX Xeon, one thread, quiet, against the GEMV with
       ``_int_mm`` from 8 tokens: 576x960 0.135 vs 0.220 ms at 1 token, 0.259 vs 0.453 at 64;
       576x3072 0.249 vs 0.386, 0.670 vs 1.243; 4096² 1.88 vs 2.17, 6.80 vs 9.10.
-    * AVX-512 without VNNI (int16 pairs): 1.16-1.90x the GEMV at 1-512 tokens on 4096², 576x3072
+    * AVX-512 without VNNI (int16 pairs): 1.15-1.76x the GEMV at 1-512 tokens on 4096², 576x3072
       and 1536x576 (the Zen 4 running that build, stop 54).
-    * AVX2, from :data:`GEMM_MIN_IN_AVX2` inputs: 0.97-1.30x at 1-512 tokens on 4096², 4096x11008
-      and 11008x4096; on the default model's 576- and 1536-wide layers it leads up to 32 tokens and
-      trails by 8-21 % from 64, where the GEMV's 4-token tiles find the small weight in L2, so
-      those keep the GEMV."""
+    * AVX2, from :data:`GEMM_MIN_IN_AVX2` inputs: 1.00-1.59x at 1-512 tokens on 4096², 4096x11008
+      and 11008x4096. On the default model's 576- and 1536-wide layers it leads at 16-64 tokens but
+      is level or behind at 512 (0.92-1.02x; the GEMV's 4-token tiles find the small weight in L2)
+      and at one token of 576x3072 (0.90x), so those keep the GEMV."""
     level = i8_gemm.simd()
     return level % 2 == 1 or level == 512 or (level == 256 and n_in >= GEMM_MIN_IN_AVX2)
 

@@ -19,8 +19,8 @@
  *
  * Builds: AVX-512 VNNI (zmm vpdpbusd); AVX-512 BW without VNNI and AVX2 use vpmaddubsw + vpmaddwd
  * for 4-bit u, exact because its int16 pair sums cannot saturate (2 * 15 * 128 < 2^15), and for
- * 8-bit panels int16 pairs (BYTES16 below: sign-extended codes u - 128 against the activations
- * widened to int16 once per call, vpmaddwd); AVX-VNNI (ymm vpdpbusd); the portable C loop. AMX-INT8 builds run tiles from 8 tokens (INT8 panels) or 48 (4-bit)
+ * 8-bit panels int16 pairs (BYTES16 below: the codes zero-extended against the activations widened
+ * to int16 once per call, vpmaddwd); AVX-VNNI (ymm vpdpbusd); the portable C loop. AMX-INT8 builds run tiles from 8 tokens (INT8 panels) or 48 (4-bit)
  * on (i8_amx.h): the same integers. Threads: the work pool (work_pool.h) over tiles of rows, and over
  * blocks of tokens for the activation passes.
  */
@@ -45,7 +45,7 @@ struct i8_args {
     int nibbles;
     const int8_t *x;    /* [t, kp] */
     const float *sx;    /* [t, ng] */
-    const int32_t *zx;  /* [t, ng]: zero * sum of the group's codes (BYTES16 byte panels: (zero - 128) *) */
+    const int32_t *zx;  /* [t, ng]: zero * sum of the group's codes */
     const int16_t *x16, *xo16; /* BYTES16: x and xo as int16 pairs (to_int8); else NULL */
     /* optional INT8 outliers (wo NULL: none): byte panels [out / 16, kpo / 4, 16, 4], zero 128 */
     const uint8_t *wo;
@@ -99,20 +99,18 @@ static inline __attribute__((always_inline)) vf_t mul_at(vf_t v, const float *p)
 #endif
 #else /* vpmaddubsw pair sums: |2 * 15 * 128| < 2^15, never saturated */
 #define DOT_SMALL(acc, u, x) VADD32((acc), VMADDUBS((u), (x)))
-/* Byte panels as int16 pairs: per 32-bit lane (one row, channels 0-3) c = u ^ 0x80 = u - 128 as
- * signed bytes; their even bytes sign-extended (c0, c2) and odd ones (c1, c3) are two vpmaddwd
- * operands against the activations' (x0, x2) and (x1, x3), which to_int8 lays out once per call. 4
- * operations per token and vector instead of the nibble split's 7 (2 vpmaddubsw, 2 vpmaddwd, a shift,
- * 2 adds); sum((u - 128) x) is the same integer, so zx carries (zero - 128) * sum(x). */
+/* Byte panels as int16 pairs: per 32-bit lane (one row, channels 0-3) the unsigned codes' even
+ * bytes (u0, u2: a mask) and odd ones (u1, u3: a shift), zero-extended, are two vpmaddwd operands
+ * against the activations' (x0, x2) and (x1, x3), which to_int8 lays out once per call (|u x| <=
+ * 255 * 128, so no pair sum overflows). 4 operations per token and vector instead of the nibble
+ * split's 7 (2 vpmaddubsw, 2 vpmaddwd, a shift, 2 adds), and the same sum(u x). */
 #define BYTES16 1
 #if I8_SIMD == 512
-#define VFLIP(v) _mm512_xor_si512((v), _mm512_set1_epi8((char)0x80))
-#define VEVEN16(v) _mm512_srai_epi16(_mm512_slli_epi16((v), 8), 8)
-#define VODD16(v) _mm512_srai_epi16((v), 8)
+#define VEVEN16(v) _mm512_and_si512((v), _mm512_set1_epi16(0x00FF))
+#define VODD16(v) _mm512_srli_epi16((v), 8)
 #else
-#define VFLIP(v) _mm256_xor_si256((v), _mm256_set1_epi8((char)0x80))
-#define VEVEN16(v) _mm256_srai_epi16(_mm256_slli_epi16((v), 8), 8)
-#define VODD16(v) _mm256_srai_epi16((v), 8)
+#define VEVEN16(v) _mm256_and_si256((v), _mm256_set1_epi16(0x00FF))
+#define VODD16(v) _mm256_srli_epi16((v), 8)
 #endif
 #endif
 
@@ -158,8 +156,8 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV], con
             for (int v = 0; v < nv; v++) {
                 const uint8_t *p = w + panel_at(r0 + v * VL, k, kp, 0);
                 PANEL_PREFETCH(p);
-                vi_t c = VFLIP(VLOAD(p));
-                ev[v] = VEVEN16(c), ov[v] = VODD16(c);
+                vi_t u = VLOAD(p);
+                ev[v] = VEVEN16(u), ov[v] = VODD16(u);
             }
             for (int m = 0; m < mr; m++) {
                 vi_t xe = VBCAST32(x16 + m * xstride + k), xo = VBCAST32(x16 + m * xstride + k + 2);
@@ -399,12 +397,12 @@ static int i8_gemm_to(const uint8_t *w, int nibbles, const float *sw, int32_t ze
         return -1;
     }
     int16_t *xm16 = pairs && !nibbles ? x16 : NULL, *xo16 = pairs && wo ? x16 + (nibbles ? 0 : t * kp) : NULL;
-    struct prep_job P = {.S = S, .I = {xq, t, kp, kp, kp, group, ng, xm16 ? zero - 128 : zero, x, zx, xm16},
+    struct prep_job P = {.S = S, .I = {xq, t, kp, kp, kp, group, ng, zero, x, zx, xm16},
                          .outliers = wo != NULL, .t = t, .block = t <= PREP_TOKENS ? PREP_TOKENS_SMALL : PREP_TOKENS};
     struct i8_args A = {w, sw, out, kp, group, ng, t, zero, nibbles, x, sx, zx, xm16, NULL, NULL, NULL, 0, NULL, NULL,
                         NULL, y, y_bf16};
     if (wo) {
-        P.O = (struct int8_job){xo, t, ko, ko, kpo, kpo, 1, xo16 ? 0 : 128, x + t * kp, zx + t * ng, xo16};
+        P.O = (struct int8_job){xo, t, ko, ko, kpo, kpo, 1, 128, x + t * kp, zx + t * ng, xo16};
         A.wo = wo, A.swo = swo, A.kpo = kpo, A.xo = x + t * kp, A.sxo = sxo, A.zxo = zx + t * ng, A.xo16 = xo16;
     }
 #if I8_AMX

@@ -22,6 +22,14 @@ def amx_builds(library):
     return libs
 
 
+def variant_builds(library, names=("avx2", "avx512")):
+    """The builds of the ISA variants ``names`` that this CPU runs (paths the widest build skips:
+    the narrower vectors, the products without VNNI)."""
+    from lowbit.native import isa
+
+    return [library(("-O3", *isa.BY_NAME[n].flags, "-pthread")) for n in names if isa.runnable(isa.BY_NAME[n])]
+
+
 def bf16_edge_values():
     """float32 values at bfloat16's rounding edges: exact ties to even and odd, one ulp beside them,
     the largest finite values that round to Inf, signed zeros, subnormals, Inf, NaNs with payloads."""

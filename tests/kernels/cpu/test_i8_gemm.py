@@ -9,7 +9,7 @@ import torch
 from lowbit.kernels import from_float
 from lowbit.kernels.cpu import act_sym, i8_gemm, w4a4, w8a8
 from lowbit.kernels.linear_params import KernelError
-from tests.kernels.cpu.builds import amx_builds, bf16_edge_values, portable_build
+from tests.kernels.cpu.builds import amx_builds, bf16_edge_values, portable_build, variant_builds
 from tests.threads import assert_same_for_thread_counts
 
 pytestmark = pytest.mark.skipif(not i8_gemm.available(), reason="no C compiler for the native kernel")
@@ -92,7 +92,7 @@ def test_grouped_tiles_two_groups_a_pass_equal_the_portable_build(bits, n):
     x = torch.randn(70, n) * 3
     c = i8_gemm.act_codes(x, 0, w, bits, 1.0)
     want = i8_gemm.run_codes(c, w, lib=_portable())
-    for lib in amx_builds(i8_gemm.library):
+    for lib in amx_builds(i8_gemm.library) + variant_builds(i8_gemm.library):  # + the products without VNNI
         for t in (1, 17, 32, 33, 70):
             ct = type(c)(*(getattr(c, f)[:t] for f in ("xq", "scale", "xsum", "outlier", "outlier_scale")))
             assert torch.equal(i8_gemm.run_codes(ct, w, lib=lib), want[:t]), (t, lib)
@@ -119,7 +119,7 @@ def test_extreme_codes_do_not_overflow():
     c = NativeCodes(xq, torch.ones(7, 1), torch.zeros(7, 1, dtype=torch.int32), torch.zeros(7, 0, dtype=torch.int16),
                     torch.ones(7))
     expect = torch.tensor([4096 * 128 * 128] * 16 + [-4096 * 127 * 128] * 16, dtype=torch.float32)
-    for lib in (None, _portable()):
+    for lib in [None, _portable(), *variant_builds(i8_gemm.library)]:
         y = i8_gemm.run_codes(c, w, lib=lib)
         assert torch.equal(y, expect.expand(7, 32)), lib
 
@@ -142,8 +142,8 @@ def test_default_method_follows_the_build():
     p4 = from_float(torch.randn(16, 128), "w4a4")
     simd = i8_gemm.simd()
     assert w4a4.prepare(p4).method == ("gemm" if simd else "native")
-    expect8 = "gemm" if simd % 2 == 1 else "native"
-    assert w8a8.prepare(p8).method == expect8
+    assert w8a8.prepare(p8).method == ("gemm" if w8a8.gemm_is_default(128) else "native")
+    assert w8a8.gemm_is_default(128) == (simd % 2 == 1 or simd == 512)
 
 
 @pytest.mark.parametrize("out,n,k,group", [(37, 333, 13, 64), (48, 128, 0, 128), (96, 200, 32, 64)])
