@@ -11,7 +11,7 @@ def report() -> dict:
 
     from lowbit.comm.codecs import native as codecs_native
     from lowbit.kernels.cpu import (a16_gemm, decode_ops, hadamard, huge_pages, i8_gemm, kernel_threads, kv_packed,
-                                   w4_gemv, w8_gemv)
+                                   w4_gemv, w8_gemv, w8a8)
     from lowbit.kernels import from_float, prepare
     from lowbit.native import isa
     from lowbit.native.cpu_features import cpu_info
@@ -27,6 +27,9 @@ def report() -> dict:
     kernels = {}
     for kind in ("w4a16", "w8a16", "w8a8", "w4a4"):
         kernels[kind] = prepare(from_float(torch.zeros(16, 128), kind, group=128), "cpu").kernel
+    wide = prepare(from_float(torch.zeros(16, w8a8.GEMM_MIN_IN_AVX2), "w8a8"), "cpu").kernel
+    if wide != kernels["w8a8"]:  # AVX2 builds: the batched kernel for wide layers only
+        kernels["w8a8"] += f"; {wide} from {w8a8.GEMM_MIN_IN_AVX2} inputs"
     return {"cpu": cpu_info(),
             "torch": {"version": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                       "threads": torch.get_num_threads()},

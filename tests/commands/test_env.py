@@ -44,3 +44,19 @@ def test_a_bad_override_is_one_cli_line(monkeypatch, capsys):
     assert main(["env"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("lowbit: error: LOWBIT_ISA='avx9' is not a variant") and err.count("\n") == 1
+
+
+def test_env_names_w8a8s_wide_layer_kernel_where_it_differs(monkeypatch):
+    """On AVX2 builds W8A8 runs the batched kernel only from GEMM_MIN_IN_AVX2 inputs; the report
+    says so instead of naming the narrow layers' kernel alone."""
+    from lowbit.bench import machine
+    from lowbit.kernels.cpu import i8_gemm, w8a8
+
+    if not i8_gemm.available():
+        import pytest
+
+        pytest.skip("no C compiler for the batched int8 kernel")
+    monkeypatch.setattr(i8_gemm, "simd", lambda lib=None: 256)
+    assert machine.report()["kernels"]["w8a8"] == f"cpu:native; cpu:gemm from {w8a8.GEMM_MIN_IN_AVX2} inputs"
+    monkeypatch.setattr(i8_gemm, "simd", lambda lib=None: 513)
+    assert machine.report()["kernels"]["w8a8"] == "cpu:gemm"
