@@ -57,7 +57,11 @@ def register(prepared: PreparedLinear, owner: object | None = None, nan_rows: bo
         raise TypeError(f"register needs a PreparedLinear, got {type(prepared).__name__}")
     if before is not None and not callable(before):
         raise TypeError(f"before must be callable, got {type(before).__name__}")
-    handle = f"linear{next(_NEXT)}"
+    # The fake's output (shape from in/out features) is a function of the handle string alone:
+    # inductor's on-disk graph cache, shared between processes, keys a compiled graph by its code,
+    # which holds the handle, so another process's "linear7" of another size would otherwise be
+    # handed this one's buffers (seen: NaN rows under torch.compile in a later test process).
+    handle = f"linear{next(_NEXT)}_{prepared.in_features}x{prepared.out_features}"
     _REGISTERED[handle] = _Registered(prepared, bool(nan_rows), before)
     if owner is not None:
         weakref.finalize(owner, release, handle)

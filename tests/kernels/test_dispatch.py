@@ -28,7 +28,7 @@ def test_env_forces_reference(monkeypatch):
     assert torch.equal(pl(x), reference.linear(x, p))
     # the argument wins over the env
     assert prepare(p, "cpu", kernel="cpu").kernel == f"cpu:{w4a4.default_method(p)}"
-    assert prepare(p, "cpu", kernel="cpu", cpu_method="int_mm").kernel == "cpu:int_mm"
+    assert prepare(p, "cpu", kernel="cpu", cpu_method="float").kernel == "cpu:float"
 
 
 def test_forced_kernel_that_cannot_run_raises(monkeypatch):

@@ -17,6 +17,18 @@ class Holder:  # an owner for the handle's lifetime
     pass
 
 
+@pytest.fixture(autouse=True)
+def _graphs_compiled_here():
+    """Every graph compiled in this process, none read from the machine's inductor cache: its key
+    leaves out ATEN_CPU_CAPABILITY, and a graph cached under another capability gave NaN rows here.
+    (The cross-process test below gives its processes a cache of their own.)"""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
+        yield
+
+
 @pytest.mark.parametrize("kind,dtype,k", CASES)
 def test_op_equals_direct_call(kind, dtype, k):
     torch.manual_seed(0)
@@ -136,3 +148,40 @@ def test_non_finite_tokens_raise_or_give_nan_rows(kind, dtype, k):
     gc.collect()
     with pytest.raises(KernelError):
         ops.linear(x, lenient)
+
+
+_COMPILE_IN_A_FRESH_PROCESS = r"""
+import sys
+import torch
+from lowbit.kernels import from_float, ops, prepare
+
+out = int(sys.argv[1])
+torch.manual_seed(out)
+pl = prepare(from_float(torch.randn(out, 256), "w4a16"))
+h = ops.register(pl)  # this process's first handle, as in the other process
+
+
+def f(x):
+    return torch.relu(torch.ops.lowbit.linear(x * 2, h)) + 1
+
+
+x = torch.randn(3, 256).bfloat16()
+y = torch.compile(f, fullgraph=True, backend="inductor")(x)
+sys.exit(0 if y.shape == (3, out) and torch.equal(y, f(x)) else 1)
+"""
+
+
+def test_compiled_graphs_cached_on_disk_never_meet_another_processes_layer(tmp_path):
+    """inductor's graph cache on disk is shared by processes and keyed by the graph's code, which
+    holds the handle: two processes whose first handles stand for layers of different sizes must
+    each get their own graph (before handles named the sizes, the second got the first's buffers:
+    NaN or wrong rows)."""
+    import os
+    import subprocess
+    import sys
+
+    env = os.environ | {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    for out in (96, 70):
+        r = subprocess.run([sys.executable, "-c", _COMPILE_IN_A_FRESH_PROCESS, str(out)], env=env, timeout=300,
+                           capture_output=True, text=True)
+        assert r.returncode == 0, (out, r.stderr[-2000:])

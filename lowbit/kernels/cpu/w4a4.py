@@ -39,7 +39,7 @@ import torch
 
 from lowbit.formats.grid import to_groups
 from lowbit.kernels.cpu import i8_gemm, w4_gemv, w8_gemv
-from lowbit.kernels.cpu.method_choice import pick_method
+from lowbit.kernels.cpu.method_choice import int_mm_exact, pick_method
 from lowbit.kernels.cpu.native_args import CachedPointers
 from lowbit.kernels.token_codes import IntActivation, quantize_tokens
 from lowbit.kernels.linear_params import ActSpec, KernelError, LinearParams
@@ -125,6 +125,8 @@ def prepare(p: LinearParams, method: str | None = None):
     ng = p.scale.shape[1]
     w = to_groups(p.codes, g).reshape(out, ng, g)
     if method == "int_mm":
+        if why := int_mm_exact():
+            raise KernelError(f"w4a4 int_mm: {why}")
         w, o = w.transpose(0, 1).contiguous(), p.outlier.contiguous()
     else:
         w, o = w.permute(1, 2, 0).float().contiguous(), p.outlier.t().float().contiguous()

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lowbit.kernels.cpu.method_choice import pick_method
+from lowbit.kernels.cpu.method_choice import int_mm_exact, pick_method
 from lowbit.kernels.cpu import i8_gemm, w8_gemv
 from lowbit.kernels.cpu.native_args import CachedPointers
 from lowbit.kernels.token_codes import quantize_tokens
@@ -47,7 +47,7 @@ INT_MM_MIN_TOKENS = 8
 def int_mm_for_batches() -> bool:
     """Whether torch's ``_int_mm`` beats the native GEMV from :data:`INT_MM_MIN_TOKENS` tokens here:
     measured on an AMX-INT8 CPU; without AMX it is not known to (and is a slow loop on AVX2)."""
-    return cpu_info()["features"].get("amx_int8", False)
+    return bool(cpu_info()["features"].get("amx_int8", False)) and int_mm_exact() is None
 
 
 @dataclass
@@ -117,6 +117,8 @@ def prepare(p: LinearParams, method: str | None = None):
         return W8A8NativePrepared(i8_gemm.pack(p.codes, p.scale, 8, kp, kp), p.act, p.bias, "gemm", p.codes.shape[1])
     if method == "native":
         return W8A8NativePrepared(w8_gemv.prepare(p.codes, p.scale[:, 0]), p.act, p.bias)
+    if method == "int_mm" and (why := int_mm_exact()):
+        raise KernelError(f"w8a8 int_mm: {why}")
     w = p.codes.contiguous() if method == "int_mm" else p.codes.t().float().contiguous()
     return W8A8Prepared(w, p.scale[:, 0].contiguous(), p.act, p.bias, method)
 

@@ -144,7 +144,7 @@ def counts():
 
 
 torch.manual_seed(5)
-pl = prepare(from_float(torch.randn(200, 384), "w8a8"), "cpu")
+pl = prepare(from_float(torch.randn(200, 384), "w8a8"), "cpu", cpu_method="gemm")  # i8_gemm on every SIMD build
 x = torch.randn(64, 384)
 y0 = pl.batched(x)
 # two items: the caller's sleeps 0.2 ms, the other thread's 5 ms: once the team's thread takes one,
