@@ -62,9 +62,7 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV_MAX][
                                   * token before the next half's are unpacked (16 ymm registers) */
         for (int64_t k = a; k < b; k += 8)
             for (int v = 0; v < nv; v++) {
-                const uint8_t *p = A->w + panel_at(r0 + v * VL, k, kp, 1);
-                PANEL_PREFETCH(p);
-                vi_t raw = VLOAD(p), lo = VMASK4(raw), hi = VSHR4(raw);
+                vi_t raw = panel_load(A->w, r0 + v * VL, k, kp, 1), lo = VMASK4(raw), hi = VSHR4(raw);
                 vi_t w0 = VUNPLO8(lo), w1 = VUNPHI8(lo), w2 = VUNPLO8(hi), w3 = VUNPHI8(hi);
                 for (int m = 0; m < mr; m++) {
                     vi_t xa = VBCAST64(x + m * kp + k), xb = VBCAST64(x + m * kp + k + 4);
@@ -76,9 +74,7 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV_MAX][
         for (int64_t k = a; k < b; k += 8) {
             vi_t w0[NV_MAX], w1[NV_MAX], w2[NV_MAX], w3[NV_MAX];
             for (int v = 0; v < nv; v++) {
-                const uint8_t *p = A->w + panel_at(r0 + v * VL, k, kp, 1);
-                PANEL_PREFETCH(p);
-                vi_t raw = VLOAD(p), lo = VMASK4(raw), hi = VSHR4(raw);
+                vi_t raw = panel_load(A->w, r0 + v * VL, k, kp, 1), lo = VMASK4(raw), hi = VSHR4(raw);
                 w0[v] = VUNPLO8(lo), w1[v] = VUNPHI8(lo), w2[v] = VUNPLO8(hi), w3[v] = VUNPHI8(hi);
             }
             for (int m = 0; m < mr; m++) {
@@ -93,9 +89,7 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV_MAX][
         for (int64_t k = a; k < b; k += 4) {
             vi_t w0[NV_MAX], w1[NV_MAX];
             for (int v = 0; v < nv; v++) {
-                const uint8_t *p = A->w + panel_at(r0 + v * VL, k, kp, 0);
-                PANEL_PREFETCH(p);
-                vi_t raw = VLOAD(p);
+                vi_t raw = panel_load(A->w, r0 + v * VL, k, kp, 0);
                 w0[v] = VUNPLO8(raw), w1[v] = VUNPHI8(raw);
             }
             for (int m = 0; m < mr; m++) {
@@ -152,9 +146,7 @@ static vi_t *widen(const struct a16_args *A, int64_t r0, int nv) {
     vi_t *o = buf;
     for (int64_t k = 0; k < A->kp; k += A->nibbles ? 8 : 4)
         for (int v = 0; v < nv; v++) {
-            const uint8_t *p = A->w + panel_at(r0 + v * VL, k, A->kp, A->nibbles);
-            PANEL_PREFETCH(p);
-            vi_t raw = VLOAD(p);
+            vi_t raw = panel_load(A->w, r0 + v * VL, k, A->kp, A->nibbles);
             if (A->nibbles) {
                 vi_t lo = VMASK4(raw), hi = VSHR4(raw);
                 *o++ = VUNPLO8(lo), *o++ = VUNPHI8(lo), *o++ = VUNPLO8(hi), *o++ = VUNPHI8(hi);

@@ -125,9 +125,7 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV], con
         for (int64_t k = a; k < b; k += 8) {
             vi_t lo[NV], hi[NV];
             for (int v = 0; v < nv; v++) {
-                const uint8_t *p = w + panel_at(r0 + v * VL, k, kp, 1);
-                PANEL_PREFETCH(p);
-                vi_t raw = VLOAD(p);
+                vi_t raw = panel_load(w, r0 + v * VL, k, kp, 1);
                 lo[v] = VMASK4(raw), hi[v] = VSHR4(raw);
             }
             /* the low channels of every token, then the high ones: one dot product per statement (nested,
@@ -154,9 +152,7 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV], con
         for (int64_t k = a; k < b; k += 4) {
             vi_t ev[NV], ov[NV];
             for (int v = 0; v < nv; v++) {
-                const uint8_t *p = w + panel_at(r0 + v * VL, k, kp, 0);
-                PANEL_PREFETCH(p);
-                vi_t u = VLOAD(p);
+                vi_t u = panel_load(w, r0 + v * VL, k, kp, 0);
                 ev[v] = VEVEN16(u), ov[v] = VODD16(u);
             }
             for (int m = 0; m < mr; m++) {
@@ -168,11 +164,7 @@ static inline __attribute__((always_inline)) void dot_tile(vi_t acc[MR][NV], con
         (void)x16;
         for (int64_t k = a; k < b; k += 4) {
             vi_t wv[NV];
-            for (int v = 0; v < nv; v++) {
-                const uint8_t *p = w + panel_at(r0 + v * VL, k, kp, 0);
-                PANEL_PREFETCH(p);
-                wv[v] = VLOAD(p);
-            }
+            for (int v = 0; v < nv; v++) wv[v] = panel_load(w, r0 + v * VL, k, kp, 0);
 #ifdef DOT_AT
             for (int m = 0; m < mr; m++)
                 for (int v = 0; v < nv; v++) acc[m][v] = dot_at(acc[m][v], wv[v], x + m * xstride + k);

@@ -171,6 +171,14 @@ typedef __m256 vf_t;
 #endif
 
 #if PANEL_SIMD
+/* The panel vector of rows [r, r + VL) at channel k (panel_at), its stream prefetched ahead. */
+static inline __attribute__((always_inline)) vi_t panel_load(const uint8_t *w, int64_t r, int64_t k, int64_t kp,
+                                                             int nibbles) {
+    const uint8_t *p = w + panel_at(r, k, kp, nibbles);
+    PANEL_PREFETCH(p);
+    return VLOAD(p);
+}
+
 /* int16 pairs: acc + a0 b0 + a1 b1 per int32 lane (vpdpwssd, or vpmaddwd + vpaddd: the same integers) */
 #ifdef DOT_VNNI
 #define DOT16(acc, a, b) VDPWSSD(acc, a, b)
