@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import threading
 from dataclasses import dataclass
 
@@ -31,6 +30,7 @@ import torch.nn.functional as F
 
 from lowbit.kernels.cpu import a16_linear, i8_gemm, w4_gemv
 from lowbit.kernels.cpu.kernel_library import KernelLibrary
+from lowbit.kernels.cpu.method_choice import onednn_cap
 from lowbit.kernels.cpu.native_args import CachedPointers, require_cpu, require_state
 from lowbit.kernels.linear_params import KernelError, LinearParams
 from lowbit.native.cpu_features import cpu_info
@@ -215,8 +215,7 @@ def bf16_matmul_native() -> bool:
     f = cpu_info()["features"]
     if not (f.get("amx_bf16") or f.get("avx512_bf16")):
         return False
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", "ALL")).strip().upper() or "ALL"
-    return cap in _ONEDNN_BF16_CAPS and _torch_onednn_bf16()
+    return onednn_cap() in _ONEDNN_BF16_CAPS and _torch_onednn_bf16()
 
 
 def _torch_onednn_bf16() -> bool:

@@ -48,7 +48,7 @@ def test_int_mm_is_refused_where_onednn_is_capped_below_vnni(cap, refused, monke
 
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
     for features, vnni in (({"avx512_vnni": True, "amx_int8": True}, True), ({"avx2": True}, False)):
-        monkeypatch.setattr("lowbit.native.cpu_features.cpu_info", lambda f=features: {"features": f})
+        monkeypatch.setattr(method_choice, "cpu_info", lambda f=features: {"features": f})
         monkeypatch.setattr(w8a8, "cpu_info", lambda f=features: {"features": f})
         bad = refused and vnni
         assert (method_choice.int_mm_exact() is not None) == bad
