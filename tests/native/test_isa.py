@@ -11,16 +11,12 @@ from lowbit.kernels.cpu import a16_gemm, decode_ops, hadamard, i8_gemm, kv_packe
 from lowbit.kernels import from_float
 from lowbit.native.isa import ISAError
 from lowbit.quantize.outliers import outlier_permutation
-from tests.kernels.cpu.builds import bf16_edge_values
+from tests.kernels.cpu.builds import bf16_edge_values, variant_flags as _flags
 
 SOURCES = {"w4": w4_gemv._LIB.src, "w8": w8_gemv._LIB.src, "i8_gemm": i8_gemm._LIB.src, "a16_gemm": a16_gemm._LIB.src,
            "decode_ops": decode_ops._LIB.src, "kv_packed": kv_packed._LIB.src, "hadamard": hadamard._LIB.src,
            "codecs": codecs_native._SRC}
 X86 = pytest.mark.skipif(not isa.x86(), reason="ISA variants are x86-64 target flags")
-
-
-def _flags(v, extra=("-pthread",), opt="-O3"):
-    return (opt, *v.flags, *extra)
 
 
 @X86

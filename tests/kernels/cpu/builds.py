@@ -22,12 +22,17 @@ def amx_builds(library):
     return libs
 
 
+def variant_flags(variant, extra=("-pthread",), opt="-O3"):
+    """The compiler flags of an ISA variant's build (``lowbit.native.isa.VARIANTS``)."""
+    return (opt, *variant.flags, *extra)
+
+
 def variant_builds(library, names=("avx2", "avx512")):
     """The builds of the ISA variants ``names`` that this CPU runs (paths the widest build skips:
     the narrower vectors, the products without VNNI)."""
     from lowbit.native import isa
 
-    return [library(("-O3", *isa.BY_NAME[n].flags, "-pthread")) for n in names if isa.runnable(isa.BY_NAME[n])]
+    return [library(variant_flags(isa.BY_NAME[n])) for n in names if isa.runnable(isa.BY_NAME[n])]
 
 
 def bf16_edge_values():
