@@ -158,7 +158,9 @@ class ChannelPlan:
                              f"{tuple(osum.shape) if isinstance(osum, torch.Tensor) else repr(osum)}")
 
     def merge_torch(self, rest: torch.Tensor, osum: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
-        vals = block_transform(rest, self.block) if self.block else rest
+        # + 0 turns -0 into +0 and changes nothing else: a decoded zero is +0 whichever sign its
+        # block's scale had (the C path's integer stages give the same bits; see fwht_blocks)
+        vals = block_transform(rest + 0.0, self.block) if self.block else rest
         vals = vals.reshape(-1, self.hidden)
         if osum is not None and self.channels.numel():
             vals.index_copy_(1, self.channels.to(vals.device), osum)

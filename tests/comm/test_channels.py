@@ -178,7 +178,8 @@ def test_fused_decode_merge_equals_decode_sum_then_merge(odt):
     portable = native.variant(native.PORTABLE_FLAGS)
     g = torch.Generator().manual_seed(7)
     for spec, n, tokens, world in [("int4+h+o16", 16, 37, 3), ("int4+o16", 16, 5, 2), ("int4+h32", 0, 9, 2),
-                                   ("int3+h+o3", 3, 64, 1), ("fp4+h", 0, 4, 2)]:
+                                   ("int3+h+o3", 3, 64, 1), ("fp4+h", 0, 4, 2), ("int4+h+o16", 16, 37, 1),
+                                   ("int4+h", 0, 64, 1)]:
         plan = ChannelPlan.make(spec, 576, torch.randperm(576, generator=g)[:n] if n else None)
         c = parse_spec(spec).codec
         wires = []
@@ -257,3 +258,32 @@ def test_decode_merge_with_a_tiny_hadamard_scale_keeps_the_portable_bits():
                                                   torch.empty(4096, dtype=torch.bfloat16), lib=lib)
                      for lib in (None, portable))
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)), scale
+
+
+def test_decoded_zeros_are_positive_before_the_inverse_hadamard():
+    """A zero code decodes to -0 under a negative scale; the merge adds +0 before the inverse block
+    Hadamard, so no -0 comes out of it (x - x is +0 anyway), and the C path's integer stages for one
+    INT4 wire (which never see the scale's sign on a zero) give the torch path's bits."""
+    from lowbit.comm.codecs import decode
+
+    c = parse_spec("int4").codec
+    plan = ChannelPlan.make("int4+h", 576)
+    g = torch.Generator().manual_seed(3)
+    tokens = 32  # 9 full rows
+    wire = torch.empty(9, c.row_bytes, dtype=torch.uint8)
+    codes = torch.tensor([0x88, 0x89, 0x98, 0x78, 0x87, 0x8A], dtype=torch.uint8)  # zeros and +-1, +-2
+    wire[:, : c.code_bytes] = codes[torch.randint(0, 6, (9, c.code_bytes), generator=g)]
+    wire[:4, : c.code_bytes] = 0x88  # whole rows of zero codes
+    signs = torch.randint(0, 2, (9, 64), generator=g, dtype=torch.int32)
+    wire[:, c.code_bytes :] = (torch.where(signs == 1, 0xB800, 0x3800).to(torch.int16)  # -0.5 / +0.5 in fp16
+                               .view(torch.uint8).view(9, 128))
+    for odt, wires in [(torch.float32, [wire]), (torch.bfloat16, [wire]), (torch.float32, [wire, wire])]:
+        acc = decode(wire, c, tokens * 576, torch.float32, fp_wire=torch.float32)
+        if len(wires) == 2:
+            acc += acc  # -0 + -0 stays -0
+        assert bool((torch.signbit(acc) & (acc == 0)).any())  # the -0 the rule is about
+        want = plan.merge_torch(acc.view(tokens, 576), None, torch.empty(tokens, 576, dtype=odt))
+        got = plan.decode_merge(wires, c, None, torch.empty(tokens, 576, dtype=odt))
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (odt, len(wires))
+        zero = got.float() == 0
+        assert bool(zero.any()) and not bool((torch.signbit(got.float()) & zero).any()), (odt, len(wires))

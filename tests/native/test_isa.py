@@ -176,7 +176,8 @@ def _channel_outputs_with(lib, divide: bool):
     codecs_native.set_divide_codes(divide, lib)
     g = torch.Generator().manual_seed(4)
     out = []
-    for spec, n in (("int4+o16", 16), ("int4+h", 0), ("int4+h32+o5", 5), ("int3+h+o3", 3), ("fp4+o4", 4)):
+    for spec, n in (("int4+o16", 16), ("int4+h", 0), ("int4+h+o6", 6), ("int4+h32+o5", 5), ("int3+h+o3", 3),
+                    ("fp4+o4", 4)):
         plan = ChannelPlan.make(spec, 576, torch.randperm(576, generator=g)[:n].sort().values if n else None)
         c = get_codec(parse_spec(spec).codec.name)
         kind = 0 if c.kind == "int" else 1

@@ -23,26 +23,39 @@
  * kernels' online Hadamard). */
 #include "../../../native/csrc/butterfly_simd.h"
 
-/* Blocks of 32 or 64 values in registers: butterfly_in16 per vector, then the spans 16 and 32 between
- * whole vectors, then the scale. 0 if the block is another size (the scalar loop runs). */
-static int fwht_blocks_simd(float *v, int64_t m, int block, float scale) {
+/* One block of 64 values in four vectors r, in place: butterfly_in16 per vector, the spans 16 and 32
+ * between whole vectors, then the scale sv. */
+static inline void fwht64_regs(__m512 *r, __m512 sv) {
+    __m512 t;
+    for (int i = 0; i < 4; i++) r[i] = butterfly_in16(r[i]);
+    t = r[0], r[0] = _mm512_add_ps(t, r[1]), r[1] = _mm512_sub_ps(t, r[1]);
+    t = r[2], r[2] = _mm512_add_ps(t, r[3]), r[3] = _mm512_sub_ps(t, r[3]);
+    t = r[0], r[0] = _mm512_add_ps(t, r[2]), r[2] = _mm512_sub_ps(t, r[2]);
+    t = r[1], r[1] = _mm512_add_ps(t, r[3]), r[3] = _mm512_sub_ps(t, r[3]);
+    for (int i = 0; i < 4; i++) r[i] = _mm512_mul_ps(r[i], sv);
+}
+
+/* Blocks of 32 or 64 values in registers (64: fwht64_regs), each value + 0 first where plus0 (see
+ * fwht_blocks). 0 if the block is another size (the scalar loop runs). */
+static int fwht_blocks_simd(float *v, int64_t m, int block, float scale, int plus0) {
     if (block != 32 && block != 64) return 0;
-    const __m512 sv = _mm512_set1_ps(scale);
+    const __m512 sv = _mm512_set1_ps(scale), z = _mm512_setzero_ps();
+#define QR_LOAD16(p) (plus0 ? _mm512_add_ps(_mm512_loadu_ps(p), z) : _mm512_loadu_ps(p))
     for (int64_t b = 0; b + block <= m; b += block) {
         float *x = v + b;
-        __m512 r0 = butterfly_in16(_mm512_loadu_ps(x)), r1 = butterfly_in16(_mm512_loadu_ps(x + 16)), t;
-        t = r0, r0 = _mm512_add_ps(t, r1), r1 = _mm512_sub_ps(t, r1);
         if (block == 64) {
-            __m512 r2 = butterfly_in16(_mm512_loadu_ps(x + 32)), r3 = butterfly_in16(_mm512_loadu_ps(x + 48));
-            t = r2, r2 = _mm512_add_ps(t, r3), r3 = _mm512_sub_ps(t, r3);
-            t = r0, r0 = _mm512_add_ps(t, r2), r2 = _mm512_sub_ps(t, r2);
-            t = r1, r1 = _mm512_add_ps(t, r3), r3 = _mm512_sub_ps(t, r3);
-            _mm512_storeu_ps(x + 32, _mm512_mul_ps(r2, sv));
-            _mm512_storeu_ps(x + 48, _mm512_mul_ps(r3, sv));
+            __m512 r[4];
+            for (int i = 0; i < 4; i++) r[i] = QR_LOAD16(x + 16 * i);
+            fwht64_regs(r, sv);
+            for (int i = 0; i < 4; i++) _mm512_storeu_ps(x + 16 * i, r[i]);
+            continue;
         }
+        __m512 r0 = butterfly_in16(QR_LOAD16(x)), r1 = butterfly_in16(QR_LOAD16(x + 16)), t;
+        t = r0, r0 = _mm512_add_ps(t, r1), r1 = _mm512_sub_ps(t, r1);
         _mm512_storeu_ps(x, _mm512_mul_ps(r0, sv));
         _mm512_storeu_ps(x + 16, _mm512_mul_ps(r1, sv));
     }
+#undef QR_LOAD16
     return 1;
 }
 #elif defined(__AVX2__) && !defined(QR_NO_SIMD)
@@ -50,14 +63,17 @@ static int fwht_blocks_simd(float *v, int64_t m, int block, float scale) {
 #include "../../../native/csrc/butterfly_simd.h"
 
 /* The same on AVX2: butterfly_in8 per vector of 8, then the spans 8, 16 and 32 between vectors. */
-static int fwht_blocks_simd(float *v, int64_t m, int block, float scale) {
+static int fwht_blocks_simd(float *v, int64_t m, int block, float scale, int plus0) {
     if (block != 32 && block != 64) return 0;
-    const __m256 sv = _mm256_set1_ps(scale);
+    const __m256 sv = _mm256_set1_ps(scale), z = _mm256_setzero_ps();
     const int nv = block / 8;
     for (int64_t b = 0; b + block <= m; b += block) {
         float *x = v + b;
         __m256 r[8], t;
-        for (int i = 0; i < nv; i++) r[i] = butterfly_in8(_mm256_loadu_ps(x + 8 * i));
+        for (int i = 0; i < nv; i++) {
+            __m256 l = _mm256_loadu_ps(x + 8 * i);
+            r[i] = butterfly_in8(plus0 ? _mm256_add_ps(l, z) : l);
+        }
         for (int h = 1; h < nv; h *= 2) /* span 8 h: vectors i and i + h */
             for (int i = 0; i < nv; i += 2 * h)
                 for (int j = i; j < i + h; j++) t = r[j], r[j] = _mm256_add_ps(t, r[j + h]), r[j + h] = _mm256_sub_ps(t, r[j + h]);
@@ -66,16 +82,22 @@ static int fwht_blocks_simd(float *v, int64_t m, int block, float scale) {
     return 1;
 }
 #else
-static int fwht_blocks_simd(float *v, int64_t m, int block, float scale) {
-    (void)v, (void)m, (void)block, (void)scale;
+static int fwht_blocks_simd(float *v, int64_t m, int block, float scale, int plus0) {
+    (void)v, (void)m, (void)block, (void)scale, (void)plus0;
     return 0;
 }
 #endif
 
-static void fwht_blocks(float *v, int64_t m, int block, float scale) {
-    if (fwht_blocks_simd(v, m, block, scale)) return;
+/* The block Hadamard of m values in place. plus0: every value + 0 first, which turns -0 into +0
+ * and changes nothing else: the merge's rule (ChannelPlan.merge_torch), so a decoded zero is +0
+ * whichever sign its block's scale had, and the integer stages of qr_channels_avx512.h give the
+ * same bits. The encode keeps its input's zeros (its codes do not see their sign). */
+static void fwht_blocks(float *v, int64_t m, int block, float scale, int plus0) {
+    if (fwht_blocks_simd(v, m, block, scale, plus0)) return;
     for (int64_t b = 0; b + block <= m; b += block) {
         float *x = v + b;
+        if (plus0)
+            for (int i = 0; i < block; i++) x[i] += 0.0f;
         if (block == 64) {
             QR_STAGE(x, 64, 1) QR_STAGE(x, 64, 2) QR_STAGE(x, 64, 4) QR_STAGE(x, 64, 8) QR_STAGE(x, 64, 16)
             QR_STAGE(x, 64, 32)
@@ -148,7 +170,7 @@ int qr_split(const void *in, int in_type, int64_t n, int64_t hidden, const int64
         int64_t m = n - start < ROW ? n - start : ROW;
         load_row(in, in_type, start, n, buf);
         take_channels(src, es, start, m, hidden, chans, nch, outl, buf, sizeof(float));
-        if (block) fwht_blocks(buf, m, block, scale);
+        if (block) fwht_blocks(buf, m, block, scale, 1);
         memcpy(rest + start, buf, (size_t)m * sizeof(float));
     }
     return 0;
@@ -164,7 +186,7 @@ int qr_split(const void *in, int in_type, int64_t n, int64_t hidden, const int64
  * whole block with the default NaN. bf16 output writes every NaN as 0xFFFF. */
 static void merge_row(float *buf, int64_t start, int64_t m, int64_t hidden, const int64_t *chans, int64_t nch,
                       int block, float scale, const float *osum, void *out, int out_type, int coded) {
-    if (block) fwht_blocks(buf, m, block, scale);
+    if (block) fwht_blocks(buf, m, block, scale, 1);
 #if defined(QR_SIMD512) && defined(__AVX512BF16__)
     /* the proof needs the Hadamard's scale to keep 2^-25 normal: ChannelPlan's 1/sqrt(B) does */
     if (coded && out_type == 1 && (!block || fabsf(scale) >= 0x1p-101f)) {
@@ -216,11 +238,20 @@ int qr_decode_merge(const uint8_t *const *wires, int nw, int64_t rows, int kind,
         return -1;
     for (int j = 0; j < nw; j++)
         if (!fits(rows, row_bytes, wire_bytes[j])) return -1;
+#ifdef QR_SIMD512
+    int pow2_exp;
+    const int pow2_scale = frexpf(scale, &pow2_exp) == 0.5f && scale >= 0x1p-101f && scale <= 1.0f; /* 1/sqrt(64) */
+#endif
     for (int64_t start = 0; start < n; start += ROW) {
         int64_t m = n - start < ROW ? n - start : ROW, off = start / ROW * row_bytes;
 #ifdef QR_SIMD512
         if (kind == 0 && bits == 4 && !block && m == ROW) { /* the whole row in one pass */
             ch512_decode_merge_row_int4(wires, nw, off, code_bytes, start, hidden, chans, nch, osum, out, out_type);
+            continue;
+        }
+        if (kind == 0 && bits == 4 && nw == 1 && block == 64 && m == ROW && pow2_scale) {
+            ch512_decode_h64_row_int4(wires[0] + off, code_bytes, scale, start, hidden, chans, nch, osum, out,
+                                      out_type); /* one wire: the integer stages */
             continue;
         }
         if (kind == 0 && bits == 4 && nw > 1 && m == ROW) { /* several wires summed in registers */
@@ -274,7 +305,7 @@ int qr_encode_split(const void *in, int in_type, int64_t n, int64_t hidden, cons
 #endif
         load_row(in, in_type, start, n, buf);
         take_channels(src, es, start, m, hidden, chans, nch, outl, buf, sizeof(float));
-        if (block) fwht_blocks(buf, ROW, block, scale); /* the zero padding transforms to zeros */
+        if (block) fwht_blocks(buf, ROW, block, scale, 0); /* the zero padding transforms to zeros */
         encode_row(buf, kind, bits, orow, code_bytes);
     }
     return 0;

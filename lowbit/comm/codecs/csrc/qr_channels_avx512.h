@@ -87,3 +87,101 @@ static void ch512_decode_sum_row_int4(const uint8_t *const *wires, int nw, int64
         for (int i = 0; i < 4; i++) _mm512_storeu_ps(acc + c + 16 * i, r[i]);
     }
 }
+
+/* ``+h`` (block 64) INT4 rows of one wire: the butterfly's first five stages on the integer codes.
+ * One wire's decoded values are s * c, c = code - 8 in [-8, 7] and s its codec block's scale, each
+ * zero made +0 by the merge's + 0 (fwht_blocks). The spans 1-16 stay inside a codec block of 32,
+ * so every value they give is s * n with n the same stages' integer sum (|n| <= 256: nine bits),
+ * and s * n is exact in float32 when s is a nonzero fp16 number (eleven significant bits): the
+ * float butterfly's sums are exact there, equal to these integers times s, and a zero among them
+ * is +0 (+0 + +0, +0 - +0 and x - x all give +0). Here the integers take s's sign and multiply
+ * |s| * h (h the Hadamard's scale, a power of two: the product is exact and normal), so a zero is
+ * +0 too. The span 32 meets two scales: it adds and subtracts the same two exact values in
+ * float32; scaled by h before instead of after, which is the same rounding, since a power of two
+ * scales every float32 between 2^-126 and the largest exactly (ch512_store16: these values are 0
+ * or at least 2^-25 * h >= 2^-126). So the same bits as decode_row then merge_row. Blocks whose
+ * scale is zero or not a finite fp16 number (extended, NaN) take that float path in registers.
+ * Integer stages run 32 values a vector in int16 lanes, where float32 takes 16. */
+
+/* One stage of span h on int16 lanes: a lane with the stage's bit clear gets v + p (a + c), one
+ * with it set p - v (a - c); p is every lane's partner. */
+static inline __m512i ch512_i16_stage(__m512i v, __m512i p, __mmask32 set) {
+    return _mm512_mask_sub_epi16(_mm512_add_epi16(v, p), set, p, v);
+}
+
+/* The spans 2, 4, 8 and 16 of positions on a vector whose lane k holds position 2k (+1) of a block
+ * of 64: lane bits 0-3. */
+static inline __m512i ch512_i16_spans2to16(__m512i v) {
+    v = ch512_i16_stage(v, _mm512_rol_epi32(v, 16), 0xAAAAAAAAu);              /* lane ^ 1 */
+    v = ch512_i16_stage(v, _mm512_shuffle_epi32(v, 0xB1), 0xCCCCCCCCu);       /* lane ^ 2 */
+    v = ch512_i16_stage(v, _mm512_shuffle_epi32(v, 0x4E), 0xF0F0F0F0u);       /* lane ^ 4 */
+    return ch512_i16_stage(v, _mm512_shuffle_i64x2(v, v, 0xB1), 0xFF00FF00u); /* lane ^ 8 */
+}
+
+/* 16 int16 lanes as float32 times m. */
+static inline __m512 ch512_i16_times(__m256i v, __m512 m) { return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(v)), m); }
+
+/* The 64 transformed values of one block (32 code bytes at p; m0, m1: |s| * h of its two codec
+ * blocks; neg0, neg1: all ones where that block's scale is negative, else 0) in position order
+ * into r. */
+static inline void ch512_int4_h64(const uint8_t *p, __m512 m0, __m512 m1, __mmask32 neg0, __mmask32 neg1, __m512 *r) {
+    const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p)); /* word k: byte k */
+    const __m512i lo = _mm512_and_si512(w, _mm512_set1_epi16(15)), hi = _mm512_srli_epi16(w, 4);
+    /* span 1: positions 2k (low nibble) and 2k + 1; the biases (+8 each) cancel in the difference */
+    __m512i sum = _mm512_sub_epi16(_mm512_add_epi16(lo, hi), _mm512_set1_epi16(16)), dif = _mm512_sub_epi16(lo, hi);
+    sum = ch512_i16_spans2to16(sum), dif = ch512_i16_spans2to16(dif);
+    /* positions 0-31 (the first codec block: lanes 0-15 of both, interleaved) and 32-63 (lanes 16-31) */
+    const __m512i il = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
+                                        5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i ih = _mm512_add_epi16(il, _mm512_set1_epi16(16)), z = _mm512_setzero_si512();
+    __m512i a = _mm512_permutex2var_epi16(sum, il, dif), b = _mm512_permutex2var_epi16(sum, ih, dif);
+    a = _mm512_mask_sub_epi16(a, neg0, z, a), b = _mm512_mask_sub_epi16(b, neg1, z, b); /* the scales' signs */
+    const __m512 a0 = ch512_i16_times(_mm512_castsi512_si256(a), m0), a1 = ch512_i16_times(_mm512_extracti64x4_epi64(a, 1), m0);
+    const __m512 b0 = ch512_i16_times(_mm512_castsi512_si256(b), m1), b1 = ch512_i16_times(_mm512_extracti64x4_epi64(b, 1), m1);
+    r[0] = _mm512_add_ps(a0, b0), r[1] = _mm512_add_ps(a1, b1); /* span 32 */
+    r[2] = _mm512_sub_ps(a0, b0), r[3] = _mm512_sub_ps(a1, b1);
+}
+
+/* One full ``+h`` (block 64) row of one INT4 wire into out: ch512_int4_h64 per block, the float path
+ * for blocks with another scale, then the outlier sums over their channels (as
+ * ch512_decode_merge_row_int4). h: the Hadamard's scale, a power of two in [2^-101, 1] (the
+ * caller checks). bf16 output with AVX512_BF16 stores 32 values by one conversion: the integer
+ * blocks' values are finite and never subnormal (above). */
+static void ch512_decode_h64_row_int4(const uint8_t *row, int64_t code_bytes, float h, int64_t start, int64_t hidden,
+                                      const int64_t *chans, int64_t nch, const float *osum, void *out, int out_type) {
+    uint16_t hs[NBLK]; /* copied: a wire may sit at any byte address */
+    float mag[NBLK];
+    memcpy(hs, row + code_bytes, sizeof hs);
+    uint64_t bad = 0, neg = 0;
+    const __m512i ex = _mm512_set1_epi16(0x7C00), mg = _mm512_set1_epi16(0x7FFF), z = _mm512_setzero_si512();
+    for (int q = 0; q < NBLK; q += 32) {
+        const __m512i v = _mm512_loadu_si512(hs + q), a = _mm512_and_si512(v, mg);
+        bad |= (uint64_t)(_mm512_cmpeq_epi16_mask(_mm512_and_si512(v, ex), ex) | _mm512_cmpeq_epi16_mask(a, z)) << q;
+        neg |= (uint64_t)_mm512_movepi16_mask(v) << q;
+        _mm512_storeu_ps(mag + q, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(a)), _mm512_set1_ps(h)));
+        _mm512_storeu_ps(mag + q + 16, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(a, 1)), _mm512_set1_ps(h)));
+    }
+    const __m512 sv = _mm512_set1_ps(h);
+    for (int c = 0; c < ROW; c += 64) {
+        const int b = c / BLK;
+        __m512 r[4];
+        if (!((bad >> b) & 3u)) {
+            ch512_int4_h64(row + c / 2, _mm512_set1_ps(mag[b]), _mm512_set1_ps(mag[b + 1]),
+                           (__mmask32)(0u - (uint32_t)((neg >> b) & 1u)), (__mmask32)(0u - (uint32_t)((neg >> (b + 1)) & 1u)), r);
+#ifdef __AVX512BF16__
+            if (out_type == 1) {
+                uint16_t *o = (uint16_t *)out + start + c;
+                _mm512_storeu_si512(o, (__m512i)_mm512_cvtne2ps_pbh(r[1], r[0]));
+                _mm512_storeu_si512(o + 32, (__m512i)_mm512_cvtne2ps_pbh(r[3], r[2]));
+                continue;
+            }
+#endif
+        } else {
+            ch512_decode64(row, code_bytes, c, r);
+            for (int i = 0; i < 4; i++) r[i] = _mm512_add_ps(r[i], _mm512_setzero_ps()); /* fwht_blocks' + 0 */
+            fwht64_regs(r, sv);
+        }
+        for (int i = 0; i < 4; i++) ch512_store16(r[i], out, out_type, start + c + 16 * i);
+    }
+    put_channels(start, ROW, hidden, chans, nch, osum, out, out_type);
+}
