@@ -7,7 +7,8 @@ decode, CODECS), the size policy (lowbit.comm.policy) and the error accounting
 (lowbit.comm.accuracy).
 """
 
-from .allreduce import QuickAllReduce, two_shot
+from .allreduce import QuickAllReduce
+from .twoshot import two_shot
 from .errors import AllReduceError, MetadataMismatchError
 from .oneshot import one_shot
 

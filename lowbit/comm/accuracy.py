@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .allreduce import FP16_OVERFLOW_CLAMP
+from .twoshot import FP16_OVERFLOW_CLAMP
 from .codecs import BLOCK, Codec, decode, encode, fp_wire_dtype, get_codec
 from .codecs import extscale
 from .codecs.fast import as_rows, fp16_sums, saturate_f16

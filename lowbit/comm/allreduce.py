@@ -29,175 +29,19 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from .channels import ChannelPlan
-from .codecs import CODECS, ROW, Codec, fp_wire_dtype, n_rows, parse_spec
-from .codecs.device import decode, encode, reduce_encode  # Triton on CUDA for INT8/INT4, else fast.py
-from .collectives import all_gather_into, guarded, scratch
-from .errors import AllReduceError
+from .codecs import CODECS, ROW, Codec, parse_spec
+from .collectives import guarded
 from .metadata import DTYPE_CODES, PATHS, CheckedJobs, options_code
 from .oneshot import one_shot, one_shot_channels
 from .policy import ENV_CODEC, SizePolicy, load_table
+from .twoshot import pipelined, two_shot_channels
 
-FP16_OVERFLOW_CLAMP = float(2**17)
 _CODEC_NAMES = list(CODECS)
-
-
-def _start_exchange(send: torch.Tensor, seg_rows: int, world: int, rank: int, group, what: str,
-                    recv: torch.Tensor):
-    """Launch (async) an all-to-all of ``seg_rows``-row chunks with every *other* rank (chunks in
-    rank order, own one left out); returns the work handle. The own chunk never travels: some
-    backends (gloo) would push it through the link."""
-    splits = [0 if r == rank else seg_rows for r in range(world)]
-    try:
-        return dist.all_to_all_single(recv, send, splits, splits, group=group, async_op=True)
-    except RuntimeError as e:
-        raise AllReduceError(
-            f"quick all-reduce failed during {what}: a peer rank died, timed out or closed its connection ({e})"
-        ) from e
-
-
-def _chunk(recv: torch.Tensor, j: int, rank: int, seg_rows: int) -> torch.Tensor:
-    """Peer j's chunk in a receive buffer that has no chunk for ``rank``."""
-    k = j if j < rank else j - 1
-    return recv[k * seg_rows : (k + 1) * seg_rows]
-
-
-@dataclass
-class Round:
-    """One two-shot round in flight: its buffers and the pending collective (see :func:`two_shot`)."""
-
-    x: torch.Tensor
-    out: torch.Tensor | None
-    codec: Codec
-    group: object
-    world: int
-    rank: int
-    seg_rows: int
-    fpw: torch.dtype
-    ws: dict | None
-    work: object = None
-    what: str = ""
-    recv: torch.Tensor | None = None
-    own: torch.Tensor | None = None
-    mine: torch.Tensor | None = None
-
-    @property
-    def seg_n(self) -> int:
-        return self.seg_rows * ROW
-
-    def buf(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return scratch(self.ws, name, shape, dtype, self.x.device)
-
-    def wait(self) -> None:
-        guarded(self.what, self.work.wait)
-        self.work = None
-
-
-def start_round(x: torch.Tensor, codec: Codec, group=None, out: torch.Tensor | None = None,
-                workspace: dict | None = None) -> Round:
-    """Phase 1, launched: encode the peers' segments and start the all-to-all (async)."""
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    n, dtype = x.numel(), x.dtype
-    seg_rows = -(-n_rows(n) // world)
-    r = Round(x, out, codec, group, world, rank, seg_rows, fp_wire_dtype(dtype), workspace)
-    seg_n = r.seg_n
-    flat = x.reshape(-1)
-    if flat.numel() < seg_n * world:
-        flat = torch.nn.functional.pad(flat, (0, seg_n * world - flat.numel()))
-    rb = codec.wire_row_bytes(r.fpw)  # FP codec: 2 or 4 bytes per value (raw input dtype)
-    peers = (world - 1) * seg_rows
-    # encode the peers' segments straight into the send buffer, our own one aside
-    send = r.buf("send", (peers, rb), torch.uint8)
-    if rank:
-        encode(flat[: rank * seg_n], codec, out=send[: rank * seg_rows])
-    if rank < world - 1:
-        encode(flat[(rank + 1) * seg_n :], codec, out=send[rank * seg_rows :])
-    r.own = encode(flat[rank * seg_n : (rank + 1) * seg_n], codec, out=r.buf("own", (seg_rows, rb), torch.uint8))
-    r.recv = r.buf("recv", (peers, rb), torch.uint8)
-    r.what = "phase 1 (all-to-all)"
-    r.work = _start_exchange(send, seg_rows, world, rank, group, r.what, r.recv)
-    return r
-
-
-def reduce_round(r: Round) -> Round:
-    """Phase 1 done, phase 2 launched: sum the W contributions of our segment, re-encode it and
-    start sending it to every peer (async)."""
-    r.wait()
-    seg_rows, rank, codec, fpw = r.seg_rows, r.rank, r.codec, r.fpw
-    # fixed rank order (deterministic sums): rank 0's values, then += each next rank's; one fused
-    # pass per row on CPU (decode, add, clamp, re-encode), the unfused steps elsewhere
-    wires = [r.own if j == rank else _chunk(r.recv, j, rank, seg_rows) for j in range(r.world)]
-    clamp = FP16_OVERFLOW_CLAMP if (r.x.dtype == torch.float16 and codec.kind != "fp") else 0.0
-    rb = codec.wire_row_bytes(fpw)
-    r.mine = reduce_encode(wires, codec, fp_wire=fpw, clamp=clamp, out=r.buf("mine", (seg_rows, rb), torch.uint8))
-    send = r.buf("mine_x", ((r.world - 1) * seg_rows, rb), torch.uint8)
-    send.view(r.world - 1, seg_rows, rb).copy_(r.mine.unsqueeze(0).expand(r.world - 1, seg_rows, rb))
-    r.recv = r.buf("gathered", ((r.world - 1) * seg_rows, rb), torch.uint8)
-    r.what = "phase 2 (all-gather)"
-    r.work = _start_exchange(send, seg_rows, r.world, rank, r.group, r.what, r.recv)
-    return r
-
-
-def finish_round(r: Round) -> torch.Tensor:
-    """Phase 2 done: decode every segment into place; the reduced values, flat, in x's dtype."""
-    r.wait()
-    n, dtype = r.x.numel(), r.x.dtype
-    out = r.out if r.out is not None else torch.empty(n, dtype=dtype, device=r.x.device)
-    for j in range(r.world):
-        lo = j * r.seg_n
-        if lo >= n:
-            break
-        hi = min(n, lo + r.seg_n)
-        chunk = r.mine if j == r.rank else _chunk(r.recv, j, r.rank, r.seg_rows)
-        decode(chunk, r.codec, hi - lo, dtype, fp_wire=r.fpw, out=out[lo:hi])
-    return out
-
-
-def two_shot(x: torch.Tensor, codec: Codec, group=None, out: torch.Tensor | None = None,
-             workspace: dict | None = None) -> torch.Tensor:
-    """The reduced values, flat, in x's dtype (written into the contiguous flat ``out`` if given,
-    which may be x itself). Collective: call on every rank with the same size and dtype.
-    ``workspace``: a dict that keeps the scratch buffers between calls."""
-    return finish_round(reduce_round(start_round(x, codec, group, out, workspace)))
-
-
-def pipelined(flat: torch.Tensor, step: int, codec: Codec, group=None, workspaces: list[dict] | None = None,
-              depth: int = 3) -> None:
-    """In-place two-shot all-reduce of ``flat`` in rounds of ``step`` elements, ``depth`` rounds in
-    flight: while round i's bytes are on the wire (async collectives), this rank encodes round i+1
-    and decodes round i-1. Rows are independent and every round runs the very same steps as
-    :func:`two_shot`, so the result is bit-identical to the unpipelined algorithm on every rank.
-    Each round's input is fully read (phase 1) before its output is written (the last step)."""
-    if depth < 1:
-        raise ValueError(f"pipeline depth must be >= 1, got {depth}")
-    stages = (reduce_round, finish_round)
-    inflight: list[tuple[int, Round]] = []  # (stages done, round), oldest first
-    n = flat.numel()
-    for i, lo in enumerate(range(0, n, step)):
-        part = flat[lo : lo + step]
-        ws = None
-        if workspaces is not None and (part.numel() == step or lo == 0):  # a short tail: no caching
-            ws = workspaces[i % depth]
-        inflight.append((0, start_round(part, codec, group, out=part, workspace=ws)))
-        # advance every older round by one stage, oldest first (the same order on every rank)
-        nxt = []
-        for done, r in inflight[:-1]:
-            stages[done](r)
-            if done + 1 < len(stages):
-                nxt.append((done + 1, r))
-        inflight = nxt + inflight[-1:]
-        while len(inflight) >= depth:  # bound the rounds (and buffers) in flight
-            done, r = inflight.pop(0)
-            for st in stages[done:]:
-                st(r)
-    for done, r in inflight:  # drain, oldest first
-        for st in stages[done:]:
-            st(r)
 
 
 class QuickAllReduce:
@@ -321,8 +165,9 @@ class QuickAllReduce:
         return tensor
 
     def _reduce_channels(self, tensor: torch.Tensor, plan: ChannelPlan, path: str) -> torch.Tensor:
-        """The outlier channels travel raw (one async all-gather, summed in float32 in rank order)
-        while the rest, zeroed there and block-transformed, takes the codec's path; then merged."""
+        """The outlier channels travel raw (summed in float32 in rank order) while the rest, zeroed
+        there and block-transformed, takes the codec's path; then merged. One-shot: one all-gather
+        of both; two-shot: rounds of whole tokens (``twoshot.two_shot_channels``)."""
         ws = self._workspaces[0] if self._workspaces else None
         if path == "oneshot":  # one collective: the outlier channels ride with the encoded rest
             flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1)
@@ -330,23 +175,13 @@ class QuickAllReduce:
             if not tensor.is_contiguous():
                 tensor.copy_(flat.view(tensor.shape))
             return tensor
-        rest, outl = plan.split(tensor, ws)
-        work = gathered = None
-        if outl.numel():
-            gathered = scratch(ws, "outl_all", (self.world_size, outl.numel()), outl.dtype, outl.device)
-            try:
-                work = all_gather_into(gathered.view(-1), outl.reshape(-1), group=self.group, async_op=True)
-            except RuntimeError as e:
-                raise AllReduceError(f"quick all-reduce failed during the outlier channels' all-gather: {e}") from e
-        self._reduce_flat(rest.view(-1), path)
-        osum = None
-        if work is not None:
-            guarded("the outlier channels' all-gather", work.wait)
-            osum = gathered[0].float()
-            for j in range(1, self.world_size):  # rank order, as every rank adds them
-                osum += gathered[j].float()
-            osum = osum.view(-1, outl.shape[-1])
-        return plan.merge(rest, osum, tensor)
+        flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1)
+        x2 = flat.view(-1, plan.hidden)
+        two_shot_channels(x2, self.codec, plan, self.group, out=x2, workspaces=self._workspaces,
+                          step_values=self._chunk_elems(4), depth=self.pipeline_depth)
+        if not tensor.is_contiguous():
+            tensor.copy_(flat.view(tensor.shape))
+        return tensor
 
     def _reduce_flat(self, flat: torch.Tensor, path: str) -> None:
         """The codec's one-shot or two-shot all-reduce of a flat contiguous tensor, in place."""

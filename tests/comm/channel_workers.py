@@ -77,3 +77,19 @@ def bad_jobs(rank: int, world: int, kind: str) -> str:
     except Exception as e:
         return f"{type(e).__name__}: {e}"
     return "no error"
+
+
+def two_shot_rounds(rank: int, world: int, tokens: int, chunk_bytes: int, depth: int) -> dict:
+    """Two-shot under a channel plan in rounds of whole tokens (``chunk_bytes`` small: several rounds
+    and a short tail), ``depth`` rounds in flight; int4+h+o8 on bf16, int3+h on float16."""
+    from lowbit.comm.allreduce import QuickAllReduce
+
+    out = {}
+    for spec, dtype in (("int4+h+o8", "bfloat16"), ("int3+h", "float16")):
+        n = 8 if "+o" in spec else 0
+        q = QuickAllReduce(codec=spec, min_bytes=0, table={}, twoshot_min_bytes=0, hidden=HIDDEN,
+                           outliers=channels_for(n) if n else None, chunk_bytes=chunk_bytes, pipeline_depth=depth)
+        t = channel_input(rank, tokens, dtype, 11)
+        q.all_reduce(t)
+        out[spec] = (t, q.last_shot)
+    return out

@@ -260,6 +260,21 @@ def test_decode_merge_with_a_tiny_hadamard_scale_keeps_the_portable_bits():
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)), scale
 
 
+@pytest.mark.parametrize("world,chunk_bytes,depth", [(2, 1 << 16, 3), (3, 1 << 16, 1), (2, 0, 3)])
+def test_two_shot_rounds_of_whole_tokens_equal_the_simulation(world, chunk_bytes, depth):
+    """The channel plan's two-shot runs rounds of whole tokens and rows (32 tokens of 576 at the
+    smallest; 100 tokens: four rounds, the last a short tail) through the fused encode and
+    decode-merge; every rank and every round size and depth give the simulation's bits."""
+    res = check_results(run_ranks(cw.two_shot_rounds, world, 100, chunk_bytes, depth, timeout_s=60, deadline_s=180))
+    for spec, dtype in (("int4+h+o8", "bfloat16"), ("int3+h", "float16")):
+        s = parse_spec(spec)
+        plan = ChannelPlan.make(s, 576, cw.channels_for(s.outliers) if s.outliers else None)
+        sim = simulate_channels([cw.channel_input(r, 100, dtype, 11) for r in range(world)], s, plan, "twoshot")
+        for r in res:
+            assert r[spec][1] == "twoshot"
+            assert torch.equal(r[spec][0].view(torch.uint8), sim.view(torch.uint8)), (world, spec, chunk_bytes)
+
+
 def test_decoded_zeros_are_positive_before_the_inverse_hadamard():
     """A zero code decodes to -0 under a negative scale; the merge adds +0 before the inverse block
     Hadamard, so no -0 comes out of it (x - x is +0 anyway), and the C path's integer stages for one
