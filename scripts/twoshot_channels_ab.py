@@ -27,12 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def _composed(q, x: torch.Tensor, plan) -> None:
     """The previous algorithm, in place: split, flat two-shot of the float32 rest, merge."""
-    from lowbit.comm.collectives import all_gather_into
+    from lowbit.comm.collectives import all_gather_into, scratch
     from lowbit.comm.twoshot import pipelined
 
     ws = q._workspaces[0]
     rest, outl = plan.split(x, ws)
-    gathered = torch.empty(q.world_size, outl.numel(), dtype=outl.dtype)
+    gathered = scratch(ws, "outl_all", (q.world_size, outl.numel()), outl.dtype, outl.device)
     work = all_gather_into(gathered.view(-1), outl.reshape(-1), group=q.group, async_op=True) if outl.numel() else None
     pipelined(rest.view(-1), q._chunk_elems(4), q.codec, q.group, q._workspaces, q.pipeline_depth)
     osum = None

@@ -97,8 +97,9 @@ class ChannelPlan:
 
     def encode(self, x: torch.Tensor, codec, wire: torch.Tensor, outl: torch.Tensor) -> None:
         """:meth:`split` then the codec's ``encode`` of the rest, into ``wire`` ``[rows, row_bytes]`` and
-        ``outl`` ``[tokens, N]``; fused per row in C on CPU (no float32 copy of the message)."""
-        from .codecs import encode
+        ``outl`` ``[tokens, N]``; fused per row in C on CPU (no float32 copy of the message), else the
+        torch split and the device's encoder (Triton on CUDA for INT8/INT4)."""
+        from .codecs.device import encode
 
         self.check(x)
         if self._native(x) and wire.is_contiguous() and outl.is_contiguous():

@@ -34,8 +34,13 @@ def _start_exchange(send: torch.Tensor, seg_rows: int, world: int, rank: int, gr
     rank order, own one left out); returns the work handle. The own chunk never travels: some
     backends (gloo) would push it through the link."""
     splits = [0 if r == rank else seg_rows for r in range(world)]
+    return _launch(what, dist.all_to_all_single, recv, send, splits, splits, group=group)
+
+
+def _launch(what: str, fn, *args, **kwargs):
+    """Start one async collective; a peer that died or hung up becomes an AllReduceError."""
     try:
-        return dist.all_to_all_single(recv, send, splits, splits, group=group, async_op=True)
+        return fn(*args, **kwargs, async_op=True)
     except RuntimeError as e:
         raise AllReduceError(
             f"quick all-reduce failed during {what}: a peer rank died, timed out or closed its connection ({e})"
@@ -187,10 +192,8 @@ def pipelined(flat: torch.Tensor, step: int, codec: Codec, group=None, workspace
 
     def start(i: int, lo: int):
         part = flat[lo : lo + step]
-        ws = None
-        if workspaces is not None and (part.numel() == step or lo == 0):  # a short tail: no caching
-            ws = workspaces[i % depth]
-        return lambda: start_round(part, codec, group, out=part, workspace=ws)
+        cached = workspaces is not None and (part.numel() == step or lo == 0)  # a short tail: no caching
+        return lambda: start_round(part, codec, group, out=part, workspace=workspaces[i % depth] if cached else None)
 
     run_rounds([start(i, lo) for i, lo in enumerate(range(0, n, step))], (reduce_round, finish_round), depth)
 
@@ -206,10 +209,8 @@ class OutlierSums:
         ch = plan.channels.to(x.device)
         outl = torch.gather(x, 1, ch.expand(x.shape[0], -1))  # index_select(1, ...) took twice as long here
         self.all = scratch(workspace, "ch_outl_all", (self.world, outl.numel()), x.dtype, x.device)
-        try:
-            self.work = all_gather_into(self.all.view(-1), outl.reshape(-1), group=group, async_op=True)
-        except RuntimeError as e:
-            raise AllReduceError(f"quick all-reduce failed during the outlier channels' all-gather: {e}") from e
+        self.work = _launch("the outlier channels' all-gather", all_gather_into, self.all.view(-1), outl.reshape(-1),
+                            group=group)
 
     def rows(self, t0: int, t1: int) -> torch.Tensor | None:
         """The float32 sums of tokens [t0, t1) (``[t1 - t0, N]``), or None without channels."""
@@ -258,7 +259,7 @@ def start_channel_round(x: torch.Tensor, codec: Codec, plan, group, out: torch.T
         send = r.buf("ch_send", ((world - 1) * seg, rb), torch.uint8)
         send[: rank * seg].copy_(full[: rank * seg])
         send[rank * seg :].copy_(full[(rank + 1) * seg :])
-    r.recv = r.buf("recv", ((world - 1) * seg, rb), torch.uint8)
+    r.recv = r.buf("ch_recv", ((world - 1) * seg, rb), torch.uint8)
     r.what = "phase 1 (all-to-all)"
     r.work = _start_exchange(send, seg, world, rank, group, r.what, r.recv)
     return r
@@ -269,12 +270,9 @@ def reduce_channel_round(r: ChannelRound) -> ChannelRound:
     lays every rank's segment out in rank order: the round's rows in message order, one wire."""
     rb = r.codec.wire_row_bytes(r.fpw)
     r.gathered = r.buf("ch_gathered", (r.world * r.seg_rows, rb), torch.uint8)
-    r.mine = _reduce_own(r, r.buf("mine", (r.seg_rows, rb), torch.uint8))
+    r.mine = _reduce_own(r, r.buf("ch_mine", (r.seg_rows, rb), torch.uint8))
     r.what = "phase 2 (all-gather)"
-    try:
-        r.work = all_gather_into(r.gathered.view(-1), r.mine.view(-1), group=r.group, async_op=True)
-    except RuntimeError as e:
-        raise AllReduceError(f"quick all-reduce failed during {r.what}: {e}") from e
+    r.work = _launch(r.what, all_gather_into, r.gathered.view(-1), r.mine.view(-1), group=r.group)
     return r
 
 
@@ -293,6 +291,8 @@ def two_shot_channels(x: torch.Tensor, codec: Codec, plan, group=None, out: torc
     Rounds hold whole tokens and whole rows of the message (multiples of lcm(2048, hidden) values),
     so their rows are the message's rows: bit-identical to ``channel_accuracy.simulate_channels``
     (split, the flat two-shot of the float32 rest, merge) for every round size and depth."""
+    if depth < 1:
+        raise ValueError(f"pipeline depth must be >= 1, got {depth}")
     tokens, hidden = x.shape
     out = torch.empty_like(x) if out is None else out
     unit = math.lcm(ROW, hidden) // hidden  # tokens
@@ -300,10 +300,9 @@ def two_shot_channels(x: torch.Tensor, codec: Codec, plan, group=None, out: torc
     outliers = OutlierSums(x, plan, group, workspaces[0] if workspaces else None)
 
     def start(i: int, t0: int):
-        ws = None
-        if workspaces is not None and (t0 + step <= tokens or t0 == 0):  # a short tail: no caching
-            ws = workspaces[i % depth]
-        return lambda: start_channel_round(x[t0 : t0 + step], codec, plan, group, out[t0 : t0 + step], ws, outliers, t0)
+        cached = bool(workspaces) and (t0 + step <= tokens or t0 == 0)  # a short tail: no caching
+        return lambda: start_channel_round(x[t0 : t0 + step], codec, plan, group, out[t0 : t0 + step],
+                                           workspaces[i % depth] if cached else None, outliers, t0)
 
     run_rounds([start(i, t0) for i, t0 in enumerate(range(0, tokens, step))],
                (reduce_channel_round, finish_channel_round), depth)

@@ -170,7 +170,7 @@ int qr_split(const void *in, int in_type, int64_t n, int64_t hidden, const int64
         int64_t m = n - start < ROW ? n - start : ROW;
         load_row(in, in_type, start, n, buf);
         take_channels(src, es, start, m, hidden, chans, nch, outl, buf, sizeof(float));
-        if (block) fwht_blocks(buf, m, block, scale, 1);
+        if (block) fwht_blocks(buf, m, block, scale, 0);
         memcpy(rest + start, buf, (size_t)m * sizeof(float));
     }
     return 0;

@@ -4,11 +4,14 @@
  *   a float32 row to L1 and reads it back for the cast.
  * - bf16 output of decoded sums (merge_row, coded): AVX512_BF16's conversion, one instruction for
  *   16 values where the integer rounding takes five.
- * - ``+h`` INT4 rows of several wires (TP 2 and up): the wires decoded and summed in registers into
- *   the float32 row that the Hadamard then reads, without a float32 row per wire in between.
- * The same operations in the same order, so the same bytes (tests compare every build with the
- * portable one and with the torch path). A one-pass ``+h`` row (butterfly in registers) measured
- * slower than the passes through L1 on Zen 4, whose vector units, not L1, bound these rows. */
+ * - ``+h`` INT4 rows of several wires (the one-shot's local step at TP 2 and up): the wires decoded
+ *   and summed in registers into the float32 row that the Hadamard then reads, without a float32
+ *   row per wire in between.
+ * - ``+h`` (block 64) INT4 rows of one wire (the two-shot's last step): the butterfly's spans 1-16
+ *   on the integer codes in registers, per block of 64, then the cast (ch512_decode_h64_row_int4).
+ * The same bytes as the float path (tests compare every build with the portable one and with the
+ * torch path). A one-pass ``+h`` row with the butterfly in float32 registers measured slower than
+ * the passes through L1 on Zen 4, whose vector units, not L1, bound these rows. */
 
 /* The 64 values from c on of one INT4 wire row, decoded: (code - 8) * scale, as decode_row. */
 static inline void ch512_decode64(const uint8_t *row, int64_t code_bytes, int c, __m512 *v) {
