@@ -183,10 +183,11 @@ int qr_split(const void *in, int in_type, int64_t n, int64_t hidden, const int64
  * sign and payload in float32 / float16 output are not specified: where +NaN and the -NaN of
  * inf - inf meet in a block, the butterfly keeps whichever operand its instruction names first
  * (builds and torch differ). The encoder's wires never produce that mix: a NaN input poisons its
- * whole block with the default NaN. bf16 output writes every NaN as 0xFFFF. */
+ * whole block with the default NaN. bf16 output writes every NaN as 0xFFFF. plus0_done: buf's
+ * zeros are +0 already (ch512_decode_sum_row_int4), so the Hadamard skips its + 0. */
 static void merge_row(float *buf, int64_t start, int64_t m, int64_t hidden, const int64_t *chans, int64_t nch,
-                      int block, float scale, const float *osum, void *out, int out_type, int coded) {
-    if (block) fwht_blocks(buf, m, block, scale, 1);
+                      int block, float scale, const float *osum, void *out, int out_type, int coded, int plus0_done) {
+    if (block) fwht_blocks(buf, m, block, scale, !plus0_done);
 #if defined(QR_SIMD512) && defined(__AVX512BF16__)
     /* the proof needs the Hadamard's scale to keep 2^-25 normal: ChannelPlan's 1/sqrt(B) does */
     if (coded && out_type == 1 && (!block || fabsf(scale) >= 0x1p-101f)) {
@@ -219,7 +220,7 @@ int qr_merge(const float *rest, int64_t n, int64_t hidden, const int64_t *chans,
     for (int64_t start = 0; start < n; start += ROW) {
         int64_t m = n - start < ROW ? n - start : ROW;
         memcpy(buf, rest + start, (size_t)m * sizeof(float));
-        merge_row(buf, start, m, hidden, chans, nch, block, scale, osum, out, out_type, 0);
+        merge_row(buf, start, m, hidden, chans, nch, block, scale, osum, out, out_type, 0, 0);
     }
     return 0;
 }
@@ -255,8 +256,8 @@ int qr_decode_merge(const uint8_t *const *wires, int nw, int64_t rows, int kind,
             continue;
         }
         if (kind == 0 && bits == 4 && nw > 1 && m == ROW) { /* several wires summed in registers */
-            ch512_decode_sum_row_int4(wires, nw, off, code_bytes, acc);
-            merge_row(acc, start, m, hidden, chans, nch, block, scale, osum, out, out_type, 1);
+            ch512_decode_sum_row_int4(wires, nw, off, code_bytes, acc, block != 0); /* + 0 for the Hadamard */
+            merge_row(acc, start, m, hidden, chans, nch, block, scale, osum, out, out_type, 1, block != 0);
             continue;
         }
 #endif
@@ -265,7 +266,7 @@ int qr_decode_merge(const uint8_t *const *wires, int nw, int64_t rows, int kind,
             decode_row(wires[j] + off, kind, bits, code_bytes, vals, m);
             for (int64_t i = 0; i < m; i++) acc[i] += vals[i];
         }
-        merge_row(acc, start, m, hidden, chans, nch, block, scale, osum, out, out_type, kind <= 1);
+        merge_row(acc, start, m, hidden, chans, nch, block, scale, osum, out, out_type, kind <= 1, 0);
     }
     return 0;
 }

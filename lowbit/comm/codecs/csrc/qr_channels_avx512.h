@@ -13,24 +13,30 @@
  * torch path). A one-pass ``+h`` row with the butterfly in float32 registers measured slower than
  * the passes through L1 on Zen 4, whose vector units, not L1, bound these rows. */
 
-/* The 64 values from c on of one INT4 wire row, decoded: (code - 8) * scale, as decode_row. */
-static inline void ch512_decode64(const uint8_t *row, int64_t code_bytes, int c, __m512 *v) {
+/* The 64 values from c on of one INT4 wire row, decoded: (code - 8) * scale, as decode_row; with
+ * plus0, + 0 as well (the merge's rule before its Hadamard, see fwht_blocks), in the same
+ * instruction: a multiply-add of +0 to the exact product. */
+static inline void ch512_decode64(const uint8_t *row, int64_t code_bytes, int c, __m512 *v, int plus0) {
     uint16_t scales[2]; /* copied: a wire may sit at any byte address */
     memcpy(scales, row + code_bytes + 2 * (c / BLK), sizeof scales);
-    __m512 s0 = _mm512_set1_ps(scale_value(scales[0])), s1 = _mm512_set1_ps(scale_value(scales[1]));
-    v[0] = simd512_int4_decode16(row + c / 2, s0);
-    v[1] = simd512_int4_decode16(row + c / 2 + 8, s0);
-    v[2] = simd512_int4_decode16(row + c / 2 + 16, s1);
-    v[3] = simd512_int4_decode16(row + c / 2 + 24, s1);
+    const __m512 s0 = _mm512_set1_ps(scale_value(scales[0])), s1 = _mm512_set1_ps(scale_value(scales[1]));
+    const __m512 z = _mm512_setzero_ps();
+    for (int i = 0; i < 4; i++) {
+        const __m512 q = simd512_int4_codes16(row + c / 2 + 8 * i), s = i < 2 ? s0 : s1;
+        v[i] = plus0 ? _mm512_fmadd_ps(q, s, z) : _mm512_mul_ps(q, s);
+    }
 }
 
 /* The 64 values from c on of a row of nw INT4 wires (row offset off), decoded and added in wire
- * order in float32: decode_row's values and the accumulate loop's sums. */
-static inline void ch512_sum64(const uint8_t *const *wires, int nw, int64_t off, int64_t code_bytes, int c, __m512 *r) {
+ * order in float32: decode_row's values and the accumulate loop's sums; with plus0, those sums
+ * + 0 (the first wire's values + 0: a +0 start stays +0 through every later addition, and a sum
+ * is -0 only when every term is). */
+static inline void ch512_sum64(const uint8_t *const *wires, int nw, int64_t off, int64_t code_bytes, int c, __m512 *r,
+                               int plus0) {
     __m512 v[4];
-    ch512_decode64(wires[0] + off, code_bytes, c, r);
+    ch512_decode64(wires[0] + off, code_bytes, c, r, plus0);
     for (int j = 1; j < nw; j++) {
-        ch512_decode64(wires[j] + off, code_bytes, c, v);
+        ch512_decode64(wires[j] + off, code_bytes, c, v, 0);
         for (int i = 0; i < 4; i++) r[i] = _mm512_add_ps(r[i], v[i]);
     }
 }
@@ -74,19 +80,20 @@ static void ch512_decode_merge_row_int4(const uint8_t *const *wires, int nw, int
                                         const float *osum, void *out, int out_type) {
     for (int c = 0; c < ROW; c += 64) {
         __m512 r[4];
-        ch512_sum64(wires, nw, off, code_bytes, c, r);
+        ch512_sum64(wires, nw, off, code_bytes, c, r, 0);
         for (int i = 0; i < 4; i++) ch512_store16(r[i], out, out_type, start + c + 16 * i);
     }
     put_channels(start, ROW, hidden, chans, nch, osum, out, out_type);
 }
 
 /* The float32 sum, in wire order, of a full INT4 row of nw wires (row offset off) into acc: the
- * values decode_row + the accumulate loop give, without a float32 row per wire in between. */
+ * values decode_row + the accumulate loop give, without a float32 row per wire in between; with
+ * plus0, + 0 (ch512_sum64). */
 static void ch512_decode_sum_row_int4(const uint8_t *const *wires, int nw, int64_t off, int64_t code_bytes,
-                                      float *acc) {
+                                      float *acc, int plus0) {
     for (int c = 0; c < ROW; c += 64) {
         __m512 r[4];
-        ch512_sum64(wires, nw, off, code_bytes, c, r);
+        ch512_sum64(wires, nw, off, code_bytes, c, r, plus0);
         for (int i = 0; i < 4; i++) _mm512_storeu_ps(acc + c + 16 * i, r[i]);
     }
 }
@@ -180,8 +187,7 @@ static void ch512_decode_h64_row_int4(const uint8_t *row, int64_t code_bytes, fl
             }
 #endif
         } else {
-            ch512_decode64(row, code_bytes, c, r);
-            for (int i = 0; i < 4; i++) r[i] = _mm512_add_ps(r[i], _mm512_setzero_ps()); /* fwht_blocks' + 0 */
+            ch512_decode64(row, code_bytes, c, r, 1); /* with fwht_blocks' + 0 */
             fwht64_regs(r, sv);
         }
         for (int i = 0; i < 4; i++) ch512_store16(r[i], out, out_type, start + c + 16 * i);
