@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def _composed(q, x: torch.Tensor, plan) -> None:
     """The previous algorithm, in place: split, flat two-shot of the float32 rest, merge."""
-    from lowbit.comm.collectives import all_gather_into, scratch
+    from lowbit.comm.collectives import all_gather_into, rank_order_sum, scratch
     from lowbit.comm.twoshot import pipelined
 
     ws = q._workspaces[0]
@@ -38,10 +38,7 @@ def _composed(q, x: torch.Tensor, plan) -> None:
     osum = None
     if work is not None:
         work.wait()
-        osum = gathered[0].float()
-        for j in range(1, q.world_size):
-            osum += gathered[j].float()
-        osum = osum.view(-1, outl.shape[-1])
+        osum = rank_order_sum(gathered).view(-1, outl.shape[-1])
     plan.merge(rest, osum, x)
 
 

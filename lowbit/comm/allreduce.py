@@ -156,32 +156,26 @@ class QuickAllReduce:
             return tensor
         self.last_path = self.spec.name
         self.last_shot = path
-        if plan is not None:
-            return self._reduce_channels(tensor, plan, path)
         flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1)
-        self._reduce_flat(flat, path)
+        if plan is not None:
+            self._reduce_channels(flat.view(-1, plan.hidden), plan, path)
+        else:
+            self._reduce_flat(flat, path)
         if not tensor.is_contiguous():
             tensor.copy_(flat.view(tensor.shape))
         return tensor
 
-    def _reduce_channels(self, tensor: torch.Tensor, plan: ChannelPlan, path: str) -> torch.Tensor:
-        """The outlier channels travel raw (summed in float32 in rank order) while the rest, zeroed
-        there and block-transformed, takes the codec's path; then merged. One-shot: one all-gather
-        of both; two-shot: rounds of whole tokens (``twoshot.two_shot_channels``)."""
-        ws = self._workspaces[0] if self._workspaces else None
+    def _reduce_channels(self, x: torch.Tensor, plan: ChannelPlan, path: str) -> None:
+        """In place on a contiguous ``[tokens, hidden]`` tensor: the outlier channels travel raw
+        (summed in float32 in rank order) while the rest, zeroed there and block-transformed, takes
+        the codec's path; then merged. One-shot: one all-gather of both; two-shot: rounds of whole
+        tokens (``twoshot.two_shot_channels``)."""
         if path == "oneshot":  # one collective: the outlier channels ride with the encoded rest
-            flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1)
-            one_shot_channels(flat.view(-1, plan.hidden), self.codec, plan, self.group, out=flat, workspace=ws)
-            if not tensor.is_contiguous():
-                tensor.copy_(flat.view(tensor.shape))
-            return tensor
-        flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1)
-        x2 = flat.view(-1, plan.hidden)
-        two_shot_channels(x2, self.codec, plan, self.group, out=x2, workspaces=self._workspaces,
-                          step_values=self._chunk_elems(4), depth=self.pipeline_depth)
-        if not tensor.is_contiguous():
-            tensor.copy_(flat.view(tensor.shape))
-        return tensor
+            one_shot_channels(x, self.codec, plan, self.group, out=x.view(-1),
+                              workspace=self._workspaces[0] if self._workspaces else None)
+        else:
+            two_shot_channels(x, self.codec, plan, self.group, out=x, workspaces=self._workspaces,
+                              step_values=self._chunk_elems(4), depth=self.pipeline_depth)
 
     def _reduce_flat(self, flat: torch.Tensor, path: str) -> None:
         """The codec's one-shot or two-shot all-reduce of a flat contiguous tensor, in place."""

@@ -17,6 +17,7 @@ from lowbit.formats.hadamard import orthonormal
 from .accuracy import _MIN_SUBNORMAL_HALF, _UNIT_ROUNDOFF, error_bound, simulate
 from .channels import ChannelPlan, transform_bound
 from .codecs.spec import CodecSpec, parse_spec
+from .collectives import rank_order_sum
 from .oneshot import oneshot_reference
 
 
@@ -66,9 +67,7 @@ def simulate_channels(inputs: list[torch.Tensor], spec: str | CodecSpec, plan: C
         acc = oneshot_reference(rests, spec.codec, codecs="fast")
     osum = None
     if plan.channels.numel():
-        osum = parts[0][1].float()
-        for p in parts[1:]:
-            osum = osum + p[1].float()
+        osum = rank_order_sum(p[1] for p in parts)
     return plan.merge(acc.view(-1, plan.hidden), osum, torch.empty_like(inputs[0]))
 
 

@@ -32,3 +32,13 @@ def scratch(ws: dict | None, name: str, shape: tuple[int, ...], dtype: torch.dty
         with torch.inference_mode(False):  # a normal tensor: usable inside and outside inference mode
             t = ws[name] = torch.empty(shape, dtype=dtype, device=device)
     return t
+
+
+def rank_order_sum(parts) -> torch.Tensor:
+    """``parts[0] + parts[1] + ...`` in float32, in rank order: how every rank adds values that
+    travelled raw (the outlier channels), so that every rank gets the same bits."""
+    it = iter(parts)
+    acc = next(it).to(torch.float32, copy=True)  # a new tensor: float() of float32 would alias parts[0]
+    for p in it:
+        acc += p.float()
+    return acc

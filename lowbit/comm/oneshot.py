@@ -23,7 +23,7 @@ import torch.distributed as dist
 from .codecs import Codec, fp_wire_dtype, n_rows
 from .codecs.device import decode, decode_add, encode  # Triton on CUDA for INT8/INT4, else fast.py
 from .codecs.fast import saturate_f16
-from .collectives import all_gather_into, guarded, scratch
+from .collectives import all_gather_into, guarded, rank_order_sum, scratch
 
 def sum_wires(wires: list[torch.Tensor], codec: Codec, n: int, dtype: torch.dtype, out: torch.Tensor) -> torch.Tensor:
     """``out = dtype(sum_j decode(wires[j]))``, float32 sums in list order (the one-shot's local step)."""
@@ -57,10 +57,7 @@ def one_shot_channels(x: torch.Tensor, codec: Codec, plan, group=None, out: torc
     guarded("one-shot (all-gather)", all_gather_into, gathered.view(-1), send, group=group)
     osum = None
     if nch:
-        parts = gathered[:, rows * rb :].contiguous().view(dtype).view(world, tokens, nch)
-        osum = parts[0].float()
-        for j in range(1, world):
-            osum += parts[j].float()
+        osum = rank_order_sum(gathered[:, rows * rb :].contiguous().view(dtype).view(world, tokens, nch))
     if out is None:
         out = torch.empty(n, dtype=dtype, device=x.device)
     plan.decode_merge([gathered[j, : rows * rb].view(rows, rb) for j in range(world)], codec, osum,

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from .codecs import ROW, Codec, fp_wire_dtype, n_rows
 from .codecs.device import decode, encode, reduce_encode  # Triton on CUDA for INT8/INT4, else fast.py
-from .collectives import all_gather_into, guarded, scratch
+from .collectives import all_gather_into, guarded, rank_order_sum, scratch
 from .errors import AllReduceError
 
 FP16_OVERFLOW_CLAMP = float(2**17)
@@ -124,8 +124,8 @@ def _reduce_own(r: Round, out: torch.Tensor) -> torch.Tensor:
 def reduce_round(r: Round) -> Round:
     """Phase 1 done, phase 2 launched: sum the W contributions of our segment, re-encode it and
     start sending it to every peer (async)."""
-    r.mine = _reduce_own(r, r.buf("mine", (r.seg_rows, r.codec.wire_row_bytes(r.fpw)), torch.uint8))
     seg_rows, rank, rb = r.seg_rows, r.rank, r.codec.wire_row_bytes(r.fpw)
+    r.mine = _reduce_own(r, r.buf("mine", (seg_rows, rb), torch.uint8))
     send = r.buf("mine_x", ((r.world - 1) * seg_rows, rb), torch.uint8)
     send.view(r.world - 1, seg_rows, rb).copy_(r.mine.unsqueeze(0).expand(r.world - 1, seg_rows, rb))
     r.recv = r.buf("gathered", ((r.world - 1) * seg_rows, rb), torch.uint8)
@@ -218,10 +218,7 @@ class OutlierSums:
             return None
         if self.sums is None:
             guarded("the outlier channels' all-gather", self.work.wait)
-            parts = self.all.view(self.world, -1, self.nch)
-            self.sums = parts[0].float()
-            for j in range(1, self.world):  # rank order, as every rank adds them
-                self.sums += parts[j].float()
+            self.sums = rank_order_sum(self.all.view(self.world, -1, self.nch))
         return self.sums[t0:t1]
 
 

@@ -70,15 +70,16 @@ static inline void simd512_int4_nibbles(__m512 f0, __m512 f1, float s, uint8_t *
     _mm_storel_epi64((__m128i *)(out + 8), _mm512_cvtepi64_epi8(c1));
 }
 
-/* 8 bytes of 4-bit codes (two per byte, the first in the low nibble) -> their 16 values
- * (code - 8) * s, the same operations as simd_block_decode. */
-static inline __m512 simd512_int4_codes16(const uint8_t *p) { /* their codes - 8 as float32 */
+/* 8 bytes of 4-bit codes (two per byte, the first in the low nibble) -> their 16 codes - 8 as
+ * float32, in order. */
+static inline __m512 simd512_int4_codes16(const uint8_t *p) {
     const __m512i m = _mm512_set1_epi64(0x0000000F0000000Fll), bias = _mm512_set1_epi32(8);
     __m512i b = _mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)p)); /* byte b -> dwords (b & 15, b >> 4) */
     __m512i c = _mm512_and_si512(_mm512_or_si512(b, _mm512_slli_epi64(b, 28)), m);
     return _mm512_cvtepi32_ps(_mm512_sub_epi32(c, bias));
 }
 
+/* Their 16 values (code - 8) * s, the same operations as simd_block_decode. */
 static inline __m512 simd512_int4_decode16(const uint8_t *p, __m512 sv) {
     return _mm512_mul_ps(simd512_int4_codes16(p), sv);
 }
