@@ -93,3 +93,21 @@ def two_shot_rounds(rank: int, world: int, tokens: int, chunk_bytes: int, depth:
         q.all_reduce(t)
         out[spec] = (t, q.last_shot)
     return out
+
+
+def dead_peer_channels(rank: int, world: int, shot: str) -> str:
+    """The last rank dies before a channel-plan all-reduce (no metadata check: the first collective
+    is the path's own); the others must raise AllReduceError, not hang."""
+    import os
+
+    from lowbit.comm.allreduce import QuickAllReduce
+
+    q = QuickAllReduce(codec="int4+h+o8", min_bytes=0, table={}, check_metadata=False, hidden=HIDDEN,
+                       twoshot_min_bytes=0 if shot == "twoshot" else 1 << 40, outliers=channels_for(8))
+    if rank == world - 1:
+        os._exit(3)  # dies without a word
+    try:
+        q.all_reduce(channel_input(rank, 40, "bfloat16", 1))
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"

@@ -303,3 +303,14 @@ def test_decoded_zeros_are_positive_before_the_inverse_hadamard():
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (odt, len(wires))
         zero = got.float() == 0
         assert bool(zero.any()) and not bool((torch.signbit(got.float()) & zero).any()), (odt, len(wires))
+
+
+@pytest.mark.parametrize("shot", ["twoshot", "oneshot"])
+def test_a_dead_rank_fails_the_channel_paths_clearly(shot):
+    """A peer that dies before a channel-plan all-reduce: the others raise AllReduceError naming the
+    step, within the process group's timeout (the two-shot's first collective is the outlier
+    channels' all-gather, then the rounds')."""
+    res = run_ranks(cw.dead_peer_channels, 3, shot, timeout_s=10, deadline_s=90)
+    assert res[2][0] == "error"  # the rank that died reports nothing
+    for status, msg in res[:2]:
+        assert status == "ok" and msg.startswith("AllReduceError") and "peer rank died" in msg, msg
